@@ -1,0 +1,113 @@
+"""accy-async: an asyncio-native launch scheduler for GPU kernels.
+
+Plans (registries, pipelines, artifact plans, launch graphs) are msgspec
+Structs; backends (CUDA, CPU, recording) run them; launches are non-blocking
+enqueues and completion is awaited without blocking the event loop, on asyncio,
+uvloop and trio through AnyIO.
+"""
+
+from __future__ import annotations
+
+from .backends import (
+    Backend,
+    BufferBinding,
+    BufferHandle,
+    CpuBackend,
+    CpuLaunchContext,
+    EventHandle,
+    KernelArtifact,
+    Limits,
+    LoadedArtifact,
+    RecordedLaunch,
+    RecordingBackend,
+    StreamHandle,
+    auto_backend_choice,
+    cpu_kernel,
+    create_backend,
+    open_backend,
+)
+from .errors import (
+    AccyError,
+    BackendClosed,
+    CompilationError,
+    DeviceFault,
+    InvalidArtifact,
+    InvalidBuffer,
+    LaunchArgumentMismatch,
+    LimitExceeded,
+    OutOfDeviceMemory,
+    PlanError,
+    RuntimeUnavailable,
+    UnsupportedOperation,
+)
+from .plan import (
+    F32,
+    F64,
+    I32,
+    I64,
+    U32,
+    U64,
+    ArtifactFormat,
+    ArtifactPlan,
+    ArtifactSpec,
+    DType,
+    KernelCallPipeline,
+    KernelCallRegistry,
+    LaunchGraphPlan,
+    RegistryEntry,
+    ScalarArgument,
+)
+from .waiting import synchronize, wait_event, wait_read, wait_stream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "F32",
+    "F64",
+    "I32",
+    "I64",
+    "U32",
+    "U64",
+    "AccyError",
+    "ArtifactFormat",
+    "ArtifactPlan",
+    "ArtifactSpec",
+    "Backend",
+    "BackendClosed",
+    "BufferBinding",
+    "BufferHandle",
+    "CompilationError",
+    "CpuBackend",
+    "CpuLaunchContext",
+    "DType",
+    "DeviceFault",
+    "EventHandle",
+    "InvalidArtifact",
+    "InvalidBuffer",
+    "KernelArtifact",
+    "KernelCallPipeline",
+    "KernelCallRegistry",
+    "LaunchArgumentMismatch",
+    "LaunchGraphPlan",
+    "LimitExceeded",
+    "Limits",
+    "LoadedArtifact",
+    "OutOfDeviceMemory",
+    "PlanError",
+    "RecordedLaunch",
+    "RecordingBackend",
+    "RegistryEntry",
+    "RuntimeUnavailable",
+    "ScalarArgument",
+    "StreamHandle",
+    "UnsupportedOperation",
+    "__version__",
+    "auto_backend_choice",
+    "cpu_kernel",
+    "create_backend",
+    "open_backend",
+    "synchronize",
+    "wait_event",
+    "wait_read",
+    "wait_stream",
+]

@@ -1,0 +1,815 @@
+"""The backend contract: handles, the :class:`Backend` base class, and what every backend shares.
+
+A backend owns device objects (buffers, loaded artifacts, streams, events) and
+offers *non-blocking* primitives over them: allocate, enqueue a copy, fill,
+launch, record, device-side wait, query. Nothing here blocks the calling
+thread on device work; :mod:`accy_async.waiting` turns completion into
+something a task can await.
+
+Error contract (after cuda.core's): a failed create leaves nothing behind;
+every object created is destroyed exactly once (a second destroy raises
+:class:`~accy_async.errors.InvalidBuffer`); a failure while cleaning up becomes
+a :class:`ResourceWarning`, never a second exception; when in doubt a leak is
+preferred to a dangling pointer (see :meth:`Backend.defer_destroy`).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import itertools
+import threading
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Literal, TypeAlias
+
+from ..errors import (
+    AccyError,
+    BackendClosed,
+    DeviceFault,
+    InvalidArtifact,
+    InvalidBuffer,
+    LaunchArgumentMismatch,
+    LimitExceeded,
+)
+from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
+from ..plan._base import MAX_LAUNCH_ARGUMENTS
+
+__all__ = [
+    "DEFAULT_ALIGNMENT",
+    "Access",
+    "Backend",
+    "BufferBinding",
+    "BufferHandle",
+    "CompletionCallback",
+    "CompletionRegistration",
+    "DeviceObject",
+    "EventHandle",
+    "KernelArtifact",
+    "Limits",
+    "LoadedArtifact",
+    "Ownership",
+    "PendingRead",
+    "StreamHandle",
+]
+
+DEFAULT_ALIGNMENT: Final = 256
+"""Byte alignment of every buffer a backend allocates (the seeds' 256)."""
+
+Access: TypeAlias = Literal["read_only", "write_only", "read_write"]
+"""How a launch may use a buffer. The CPU backend enforces ``read_only``."""
+
+CompletionCallback: TypeAlias = Callable[[BaseException | None], None]
+"""Called once, from any thread, with ``None`` on completion or the error that prevents it."""
+
+_backend_ids = itertools.count(1)
+
+
+class Ownership(enum.Enum):
+    """Who frees a buffer: the backend that allocated it, or someone else."""
+
+    BACKEND = "backend"
+    EXTERNAL = "external"
+
+
+class DeviceObject:
+    """Something a backend created and must destroy exactly once."""
+
+    __slots__ = ("backend_id", "id", "native")
+    kind: ClassVar[str] = "object"
+
+    def __init__(self, backend_id: int, object_id: int, native: Any) -> None:
+        self.backend_id = backend_id
+        self.id = object_id
+        self.native = native
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} of backend {self.backend_id}>"
+
+
+class BufferHandle(DeviceObject):
+    """A buffer of ``byte_size`` bytes; ``native`` is the backend's own (pointer, array)."""
+
+    __slots__ = ("byte_size", "dtype", "ownership")
+    kind = "buffer"
+
+    def __init__(
+        self,
+        backend_id: int,
+        object_id: int,
+        native: Any,
+        byte_size: int,
+        *,
+        ownership: Ownership = Ownership.BACKEND,
+        dtype: DType | None = None,
+    ) -> None:
+        super().__init__(backend_id, object_id, native)
+        self.byte_size = byte_size
+        self.ownership = ownership
+        self.dtype = dtype
+
+    def bind(
+        self, access: Access = "read_write", *, offset: int = 0, byte_size: int | None = None
+    ) -> BufferBinding:
+        """A binding of this buffer (or of ``byte_size`` bytes at ``offset``) for a launch."""
+        return BufferBinding(self, access, offset=offset, byte_size=byte_size)
+
+
+class StreamHandle(DeviceObject):
+    """An in-order queue of device work."""
+
+    __slots__ = ()
+    kind = "stream"
+
+
+class EventHandle(DeviceObject):
+    """A marker recorded on a stream; complete once the work before it has finished."""
+
+    __slots__ = ()
+    kind = "event"
+
+
+class LoadedArtifact(DeviceObject):
+    """A kernel loaded onto the device (a module and its function), ready to launch."""
+
+    __slots__ = ("artifact",)
+    kind = "loaded_artifact"
+
+    def __init__(self, backend_id: int, object_id: int, native: Any, artifact: KernelArtifact):
+        super().__init__(backend_id, object_id, native)
+        self.artifact = artifact
+
+
+class KernelArtifact:
+    """A created (compiled) kernel: its spec and the backend's image of it.
+
+    Host memory only; the garbage collector frees it. ``image`` is a cubin or
+    PTX for CUDA, the kernel function for the CPU backend.
+    """
+
+    __slots__ = ("image", "image_format", "spec")
+
+    def __init__(self, spec: ArtifactSpec, image: Any, image_format: str) -> None:
+        self.spec = spec
+        self.image = image
+        self.image_format = image_format
+
+    @property
+    def scalar_argument_count(self) -> int:
+        """Scalars the kernel takes, after its buffers."""
+        return self.spec.scalar_argument_count
+
+    @property
+    def buffer_argument_count(self) -> int:
+        """Buffers the kernel takes."""
+        return self.spec.buffer_argument_count
+
+    def __repr__(self) -> str:
+        return f"<KernelArtifact {self.spec.kernel_name} ({self.image_format})>"
+
+
+class BufferBinding:
+    """A buffer (or a byte range of it) bound to a launch argument with an access mode."""
+
+    __slots__ = ("access", "byte_size", "handle", "offset")
+
+    def __init__(
+        self,
+        handle: BufferHandle,
+        access: Access = "read_write",
+        *,
+        offset: int = 0,
+        byte_size: int | None = None,
+    ) -> None:
+        self.handle = handle
+        self.access: Access = access
+        self.offset = offset
+        self.byte_size = handle.byte_size - offset if byte_size is None else byte_size
+
+    def with_access(self, access: Access) -> BufferBinding:
+        """The same range with another access mode."""
+        if access == self.access:
+            return self
+        return BufferBinding(self.handle, access, offset=self.offset, byte_size=self.byte_size)
+
+    def aliases(self, other: BufferBinding) -> bool:
+        """Whether both bind the same buffer (the seed's rule: same backend, same id)."""
+        return (
+            self.handle.backend_id == other.handle.backend_id and self.handle.id == other.handle.id
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<BufferBinding {self.handle.id} {self.access} "
+            f"[{self.offset}:{self.offset + self.byte_size}]>"
+        )
+
+
+class CompletionRegistration(abc.ABC):
+    """A pending completion callback; :meth:`cancel` withdraws it if it has not fired."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def cancel(self) -> bool:
+        """Withdraw the callback. ``True`` if it will not be called, ``False`` if it fired."""
+
+
+class PendingRead(abc.ABC):
+    """A device-to-host copy enqueued on a stream.
+
+    Await it with :func:`accy_async.waiting.wait_read`, or register a callback
+    with :meth:`notify_when_complete`, then take :meth:`result`.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
+        """Call ``callback`` once the copy has landed (or cannot)."""
+
+    @abc.abstractmethod
+    def result(self) -> memoryview:
+        """The bytes read; call only after completion."""
+
+    @abc.abstractmethod
+    def discard(self) -> None:
+        """Give up on the read (after an error or cancellation); releases what it holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds checked before anything is allocated.
+
+    ``max_buffer_bytes`` caps one allocation (an intermediate of 2**60 bytes is
+    refused with :class:`LimitExceeded` without asking the device);
+    ``max_total_bytes`` caps what one backend holds at once.
+    """
+
+    max_buffer_bytes: int = 2**40
+    max_total_bytes: int = 2**42
+
+
+class Backend(abc.ABC):
+    """A device and the objects created on it; the base of every backend.
+
+    Subclasses implement the ``_``-prefixed primitives; this class keeps the
+    live-object registry (every object destroyed exactly once), refuses work
+    once the backend is closed or has a sticky :class:`DeviceFault`, checks
+    launch arguments, and runs deferred releases. All methods are called from
+    the thread that runs the event loop; only completion callbacks arrive on
+    other threads.
+    """
+
+    kind: ClassVar[str]
+    """``"cuda"``, ``"cpu"`` or ``"recording"``."""
+
+    def __init__(self, *, limits: Limits | None = None) -> None:
+        self.backend_id = next(_backend_ids)
+        self.limits = limits or Limits()
+        self._ids = itertools.count(1)
+        self._live: dict[int, DeviceObject] = {}
+        self._live_bytes = 0
+        self._unusable: AccyError | None = None
+        self._fault: DeviceFault | None = None
+        self._closed = False
+        self._deferred: list[tuple[int, list[DeviceObject]]] = []
+        self._deferred_ready: deque[int] = deque()
+        self._deferred_tokens = itertools.count()
+        self._deferred_lock = threading.Lock()
+
+    # ----- what a backend is ---------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """The device's name, for logs and the demo."""
+
+    @property
+    @abc.abstractmethod
+    def formats(self) -> frozenset[ArtifactFormat]:
+        """The artifact formats this backend can create and load."""
+
+    @property
+    @abc.abstractmethod
+    def preferred_formats(self) -> tuple[ArtifactFormat, ...]:
+        """Formats to pick a pipeline's registry entries in, best first."""
+
+    @property
+    @abc.abstractmethod
+    def default_stream(self) -> StreamHandle:
+        """The stream work goes to when none is given (not CUDA's legacy NULL stream)."""
+
+    @property
+    def fault(self) -> DeviceFault | None:
+        """The sticky fault that poisoned this backend, if any."""
+        return self._fault
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has run."""
+        return self._closed
+
+    def live_objects(self) -> Mapping[int, str]:
+        """Every object created and not yet destroyed: id to kind (``buffer``, ``event``...)."""
+        return {object_id: obj.kind for object_id, obj in self._live.items()}
+
+    def live_streams(self) -> list[StreamHandle]:
+        """The default stream and every stream created and not destroyed."""
+        streams = [self.default_stream]
+        streams.extend(obj for obj in self._live.values() if isinstance(obj, StreamHandle))
+        return streams
+
+    # ----- buffers -------------------------------------------------------------------------
+
+    def allocate_buffer(
+        self,
+        byte_size: int,
+        *,
+        alignment: int = DEFAULT_ALIGNMENT,
+        dtype: DType | None = None,
+    ) -> BufferHandle:
+        """A new buffer of ``byte_size`` bytes aligned to ``alignment`` (a power of two).
+
+        Checked against :attr:`limits` before the device is asked.
+        """
+        self._check_usable()
+        self.collect_deferred()
+        if byte_size <= 0:
+            raise InvalidBuffer(f"buffer size must be positive, got {byte_size}")
+        if alignment <= 0 or alignment & (alignment - 1) or alignment > 4096:
+            raise InvalidBuffer(f"alignment {alignment} is not a power of two up to 4096")
+        if byte_size > self.limits.max_buffer_bytes:
+            raise LimitExceeded(
+                f"buffer of {byte_size} bytes exceeds the limit of "
+                f"{self.limits.max_buffer_bytes} bytes per buffer"
+            )
+        if self._live_bytes + byte_size > self.limits.max_total_bytes:
+            raise LimitExceeded(
+                f"buffer of {byte_size} bytes would bring this backend to "
+                f"{self._live_bytes + byte_size} bytes, over its limit of "
+                f"{self.limits.max_total_bytes}"
+            )
+        object_id = next(self._ids)
+        native = self._allocate(object_id, byte_size, alignment)
+        handle = BufferHandle(self.backend_id, object_id, native, byte_size, dtype=dtype)
+        self._live[object_id] = handle
+        self._live_bytes += byte_size
+        return handle
+
+    def write_buffer(
+        self,
+        buffer: BufferHandle,
+        data: bytes | bytearray | memoryview,
+        *,
+        offset: int = 0,
+        stream: StreamHandle | None = None,
+    ) -> None:
+        """Enqueue a copy of ``data`` into ``buffer`` at ``offset``.
+
+        The bytes are taken now, so ``data`` may change after the call; the copy
+        lands in stream order.
+        """
+        self._check_usable()
+        view = memoryview(data).cast("B")
+        self._check_range(buffer, offset, view.nbytes)
+        self._write(buffer, view, offset, self._stream(stream))
+
+    def enqueue_read(
+        self,
+        buffer: BufferHandle,
+        *,
+        offset: int = 0,
+        byte_size: int | None = None,
+        stream: StreamHandle | None = None,
+    ) -> PendingRead:
+        """Enqueue a copy of ``buffer``'s bytes to the host; await it, then take ``result()``."""
+        self._check_usable()
+        size = buffer.byte_size - offset if byte_size is None else byte_size
+        self._check_range(buffer, offset, size)
+        return self._enqueue_read(buffer, offset, size, self._stream(stream))
+
+    def fill_buffer(
+        self, buffer: BufferHandle, pattern: int, *, stream: StreamHandle | None = None
+    ) -> None:
+        """Enqueue filling ``buffer`` with the 32-bit ``pattern``, repeated.
+
+        Raises :class:`~accy_async.errors.UnsupportedOperation` when the backend
+        cannot fill this buffer (its size is not a multiple of 4, say).
+        """
+        self._check_usable()
+        self._check_buffer(buffer)
+        if not 0 <= pattern <= 0xFFFFFFFF:
+            raise LaunchArgumentMismatch(f"fill pattern {pattern} is not a u32")
+        self._fill(buffer, pattern, self._stream(stream))
+
+    # ----- artifacts -----------------------------------------------------------------------
+
+    async def create_artifact(self, spec: ArtifactSpec) -> KernelArtifact:
+        """Create (compile) the artifact ``spec`` describes; slow compiles run off the loop."""
+        self._check_usable()
+        if spec.format not in self.formats:
+            raise InvalidArtifact(
+                f"{self.kind} backend cannot create {spec.format.value!r} artifacts "
+                f"(it takes {sorted(f.value for f in self.formats)})"
+            )
+        return await self._create_artifact(spec)
+
+    async def load_artifact(self, artifact: KernelArtifact) -> LoadedArtifact:
+        """Load a created artifact onto the device; destroy the result exactly once."""
+        self._check_usable()
+        object_id = next(self._ids)
+        native = await self._load_artifact(object_id, artifact)
+        loaded = LoadedArtifact(self.backend_id, object_id, native, artifact)
+        self._live[object_id] = loaded
+        return loaded
+
+    # ----- streams and events --------------------------------------------------------------
+
+    def create_stream(self) -> StreamHandle:
+        """A new stream, independent of the default one."""
+        self._check_usable()
+        object_id = next(self._ids)
+        stream = StreamHandle(self.backend_id, object_id, self._create_stream(object_id))
+        self._live[object_id] = stream
+        return stream
+
+    def create_event(self) -> EventHandle:
+        """A new event (timing disabled). Never recorded, it counts as complete."""
+        self._check_usable()
+        object_id = next(self._ids)
+        event = EventHandle(self.backend_id, object_id, self._create_event(object_id))
+        self._live[object_id] = event
+        return event
+
+    def record_event(self, event: EventHandle, stream: StreamHandle | None = None) -> None:
+        """Record ``event`` on ``stream``: it completes when the work enqueued before has."""
+        self._check_usable()
+        self._check_live(event)
+        self._record(event, self._stream(stream))
+
+    def wait_event(self, stream: StreamHandle | None, event: EventHandle) -> None:
+        """Make ``stream`` wait, on the device, for ``event``'s latest record."""
+        self._check_usable()
+        self._check_live(event)
+        self._wait(self._stream(stream), event)
+
+    # ----- launch --------------------------------------------------------------------------
+
+    def launch(
+        self,
+        loaded: LoadedArtifact,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        *,
+        shared_memory_bytes: int = 0,
+        stream: StreamHandle | None = None,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+        diagnostic_id: str | None = None,
+    ) -> None:
+        """Enqueue one launch of ``loaded`` on ``stream``.
+
+        The launch first waits (on the device) for each of ``wait_events``;
+        ``signal_event``, if given, is recorded after it. Buffers come first in
+        the kernel's arguments, then scalars; their counts must match the
+        artifact's, and every buffer must be live on this backend.
+        """
+        if self._unusable is not None:
+            self._raise_unusable()
+        if self._deferred_ready:
+            self.collect_deferred()
+        if self._live.get(loaded.id) is not loaded:
+            raise InvalidArtifact(f"{loaded!r} is not a live artifact of this backend")
+        artifact = loaded.artifact
+        if len(buffers) != artifact.buffer_argument_count or len(scalars) != (
+            artifact.scalar_argument_count
+        ):
+            raise LaunchArgumentMismatch(
+                f"{artifact.spec.kernel_name} takes {artifact.buffer_argument_count} buffers and "
+                f"{artifact.scalar_argument_count} scalars, got {len(buffers)} and {len(scalars)}"
+            )
+        live = self._live
+        for binding in buffers:
+            handle = binding.handle
+            if live.get(handle.id) is not handle:
+                raise InvalidBuffer(f"{handle!r} is not a live buffer of this backend")
+            if binding.offset < 0 or binding.offset + binding.byte_size > handle.byte_size:
+                raise InvalidBuffer(
+                    f"{binding!r} is outside its buffer of {handle.byte_size} bytes"
+                )
+        for event in wait_events:
+            if live.get(event.id) is not event:
+                raise InvalidBuffer(f"{event!r} is not a live event of this backend")
+        if signal_event is not None and live.get(signal_event.id) is not signal_event:
+            raise InvalidBuffer(f"{signal_event!r} is not a live event of this backend")
+        self._launch(
+            loaded,
+            buffers,
+            scalars,
+            grid,
+            block,
+            shared_memory_bytes,
+            self._stream(stream),
+            wait_events,
+            signal_event,
+            diagnostic_id,
+        )
+
+    # ----- completion ----------------------------------------------------------------------
+
+    def query_event(self, event: EventHandle) -> bool:
+        """Whether ``event``'s latest record has completed; never blocks.
+
+        Raises the backend's :class:`DeviceFault` once it has one.
+        """
+        if self._unusable is not None:
+            self._raise_unusable()
+        return self._query_event(event)
+
+    def query_stream(self, stream: StreamHandle | None = None) -> bool:
+        """Whether all work enqueued on ``stream`` has completed; never blocks."""
+        if self._unusable is not None:
+            self._raise_unusable()
+        return self._query_stream(self._stream(stream))
+
+    def notify_when_complete(
+        self, event: EventHandle, callback: CompletionCallback
+    ) -> CompletionRegistration:
+        """Call ``callback`` once ``event``'s latest record completes, from any thread.
+
+        Called with ``None`` on completion or with the :class:`DeviceFault` (or
+        :class:`BackendClosed`) that prevents it. If the event is already
+        complete the callback may run before this returns.
+        """
+        if self._unusable is not None:
+            self._raise_unusable()
+        return self._notify_when_complete(event, callback)
+
+    def notify_when_stream_complete(
+        self, stream: StreamHandle | None, callback: CompletionCallback
+    ) -> CompletionRegistration:
+        """Call ``callback`` once the work enqueued on ``stream`` so far has completed.
+
+        Uses no event the caller can see (the backend's own marker), so it
+        creates no device object.
+        """
+        if self._unusable is not None:
+            self._raise_unusable()
+        return self._notify_when_stream_complete(self._stream(stream), callback)
+
+    # ----- destruction ---------------------------------------------------------------------
+
+    def destroy(self, obj: DeviceObject) -> None:
+        """Destroy a buffer, loaded artifact, stream or event, exactly once.
+
+        The device must no longer use it: destroy after the work queued on it
+        has completed, or use :meth:`defer_destroy`. External buffers are only
+        forgotten. Destroying is allowed after a fault and after close.
+        """
+        if obj.backend_id != self.backend_id or self._live.get(obj.id) is not obj:
+            raise InvalidBuffer(f"{obj!r} is not a live object of this backend (destroyed twice?)")
+        del self._live[obj.id]
+        if isinstance(obj, BufferHandle):
+            self._live_bytes -= obj.byte_size
+            if obj.ownership is Ownership.EXTERNAL:
+                return
+        if isinstance(obj, StreamHandle) and obj is self.default_stream:
+            raise InvalidBuffer("the default stream cannot be destroyed")
+        self._destroy(obj)
+
+    def destroy_all(self, objects: Iterable[DeviceObject]) -> None:
+        """Destroy each object; a failure becomes a :class:`ResourceWarning` and the rest go on."""
+        for obj in objects:
+            try:
+                self.destroy(obj)
+            except Exception as exc:  # noqa: BLE001 - clean-up must go on
+                warnings.warn(
+                    f"accy-async: failed to destroy {obj!r}: {exc}", ResourceWarning, stacklevel=2
+                )
+
+    def defer_destroy(self, objects: Sequence[DeviceObject], after: StreamHandle | None) -> None:
+        """Destroy ``objects`` once the work now queued on ``after`` has completed.
+
+        For clean-up that must not wait (a cancelled or timed-out wait): the
+        objects stay alive until the device is done with them, and are
+        destroyed by a later call on this backend or at :meth:`aclose`.
+        """
+        if not objects:
+            return
+        if self._unusable is not None:
+            self.destroy_all(objects)
+            return
+        token = next(self._deferred_tokens)
+        with self._deferred_lock:
+            self._deferred.append((token, list(objects)))
+        ready = self._deferred_ready
+
+        def on_complete(error: BaseException | None) -> None:
+            del error
+            ready.append(token)
+
+        self._notify_when_stream_complete(self._stream(after), on_complete)
+
+    def collect_deferred(self) -> None:
+        """Destroy the deferred objects whose work has completed."""
+        if not self._deferred_ready:
+            return
+        ready_ids = set()
+        while self._deferred_ready:
+            ready_ids.add(self._deferred_ready.popleft())
+        with self._deferred_lock:
+            done = [entry for entry in self._deferred if entry[0] in ready_ids]
+            self._deferred = [entry for entry in self._deferred if entry[0] not in ready_ids]
+        for _, objects in done:
+            self.destroy_all(objects)
+
+    @property
+    def deferred_count(self) -> int:
+        """How many objects wait in deferred releases."""
+        with self._deferred_lock:
+            return sum(len(objects) for _, objects in self._deferred)
+
+    async def aclose(self) -> None:
+        """Wait for queued work, release deferred objects, and close the device.
+
+        Objects still live are destroyed with a :class:`ResourceWarning` naming
+        them. Idempotent.
+        """
+        if self._closed:
+            return
+        try:
+            await self._drain()
+        finally:
+            self._closed = True
+            if self._unusable is None:
+                self._unusable = BackendClosed(f"the {self.kind} backend is closed")
+            with self._deferred_lock:
+                deferred, self._deferred = self._deferred, []
+            for _, objects in deferred:
+                self.destroy_all(objects)
+            leaked = [obj for obj in self._live.values() if obj is not self.default_stream]
+            if leaked:
+                owned = [
+                    obj
+                    for obj in leaked
+                    if not (isinstance(obj, BufferHandle) and obj.ownership is Ownership.EXTERNAL)
+                ]
+                if owned:
+                    warnings.warn(
+                        f"accy-async: {len(owned)} objects were still alive when the "
+                        f"{self.kind} backend closed: {owned[:8]!r}",
+                        ResourceWarning,
+                        stacklevel=2,
+                    )
+                self.destroy_all(leaked)
+            self._close()
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ----- helpers for subclasses ----------------------------------------------------------
+
+    def register_external_buffer(self, native: Any, byte_size: int) -> BufferHandle:
+        """Track memory this backend does not own as a buffer; destroying it only forgets it."""
+        self._check_usable()
+        object_id = next(self._ids)
+        handle = BufferHandle(
+            self.backend_id, object_id, native, byte_size, ownership=Ownership.EXTERNAL
+        )
+        self._live[object_id] = handle
+        self._live_bytes += byte_size
+        return handle
+
+    def poison(self, fault: DeviceFault) -> None:
+        """Record a sticky fault: every later call raises it, every waiter fails with it."""
+        if self._fault is None:
+            self._fault = fault
+            self._unusable = fault
+            self._on_poisoned(fault)
+
+    def _check_usable(self) -> None:
+        if self._unusable is not None:
+            self._raise_unusable()
+
+    def _raise_unusable(self) -> None:
+        error = self._unusable
+        assert error is not None
+        if isinstance(error, DeviceFault):
+            raise DeviceFault(error.message) from error
+        raise BackendClosed(error.message)
+
+    def _stream(self, stream: StreamHandle | None) -> StreamHandle:
+        if stream is None:
+            return self.default_stream
+        if self._live.get(stream.id) is not stream and stream is not self.default_stream:
+            raise InvalidBuffer(f"{stream!r} is not a live stream of this backend")
+        return stream
+
+    def _check_live(self, obj: DeviceObject) -> None:
+        if self._live.get(obj.id) is not obj:
+            raise InvalidBuffer(f"{obj!r} is not a live object of this backend")
+
+    def _check_buffer(self, buffer: BufferHandle) -> None:
+        if self._live.get(buffer.id) is not buffer:
+            raise InvalidBuffer(f"{buffer!r} is not a live buffer of this backend")
+
+    def _check_range(self, buffer: BufferHandle, offset: int, size: int) -> None:
+        self._check_buffer(buffer)
+        if offset < 0 or size < 0 or offset + size > buffer.byte_size:
+            raise InvalidBuffer(
+                f"range [{offset}:{offset + size}] is outside {buffer!r} "
+                f"of {buffer.byte_size} bytes"
+            )
+
+    # ----- what subclasses implement -------------------------------------------------------
+
+    @abc.abstractmethod
+    def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any: ...
+
+    @abc.abstractmethod
+    def _write(
+        self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def _enqueue_read(
+        self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
+    ) -> PendingRead: ...
+
+    @abc.abstractmethod
+    def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None: ...
+
+    @abc.abstractmethod
+    async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact: ...
+
+    @abc.abstractmethod
+    async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any: ...
+
+    @abc.abstractmethod
+    def _create_stream(self, object_id: int) -> Any: ...
+
+    @abc.abstractmethod
+    def _create_event(self, object_id: int) -> Any: ...
+
+    @abc.abstractmethod
+    def _record(self, event: EventHandle, stream: StreamHandle) -> None: ...
+
+    @abc.abstractmethod
+    def _wait(self, stream: StreamHandle, event: EventHandle) -> None: ...
+
+    @abc.abstractmethod
+    def _launch(
+        self,
+        loaded: LoadedArtifact,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+        diagnostic_id: str | None,
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def _query_event(self, event: EventHandle) -> bool: ...
+
+    @abc.abstractmethod
+    def _query_stream(self, stream: StreamHandle) -> bool: ...
+
+    @abc.abstractmethod
+    def _notify_when_complete(
+        self, event: EventHandle, callback: CompletionCallback
+    ) -> CompletionRegistration: ...
+
+    @abc.abstractmethod
+    def _notify_when_stream_complete(
+        self, stream: StreamHandle, callback: CompletionCallback
+    ) -> CompletionRegistration: ...
+
+    @abc.abstractmethod
+    def _destroy(self, obj: DeviceObject) -> None: ...
+
+    @abc.abstractmethod
+    async def _drain(self) -> None:
+        """Wait (without blocking the loop) until queued work has finished or failed."""
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """Release the device itself (threads, context); objects are already destroyed."""
+
+    def _on_poisoned(self, fault: DeviceFault) -> None:
+        """Fail every pending completion callback with ``fault``; backends override."""
+        del fault
+
+
+MAX_BUFFERS_PER_LAUNCH: Final = MAX_LAUNCH_ARGUMENTS

@@ -1,0 +1,440 @@
+"""The CPU backend: the embedded default, which really executes kernels.
+
+Every stream is a worker thread that runs its queue in order: launches (CPU
+kernels over NumPy arrays), copies, fills, event records, and device-side
+waits, which block that worker, and only it, until the awaited record has
+completed. Events complete when the work queued before them has run, and their
+callbacks fire from the worker thread. Buffers are aligned host memory. The
+calling thread never blocks on queued work.
+
+A kernel that raises is a device fault: the backend is poisoned with
+:class:`~accy_async.errors.DeviceFault`, every waiter fails with it, queued work
+is dropped, and new work is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import anyio.to_thread
+import numpy as np
+
+from ..errors import DeviceFault, InvalidArtifact, OutOfDeviceMemory, UnsupportedOperation
+from ..plan import ArtifactFormat, ArtifactSpec, CpuKernelPayload, ScalarArgument
+from .base import (
+    Backend,
+    BufferBinding,
+    BufferHandle,
+    CompletionCallback,
+    CompletionRegistration,
+    DeviceObject,
+    EventHandle,
+    KernelArtifact,
+    Limits,
+    LoadedArtifact,
+    PendingRead,
+    StreamHandle,
+)
+from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel
+
+__all__ = ["CpuBackend"]
+
+_STOP: Final = object()
+
+
+class _Completion(CompletionRegistration):
+    """A callback waiting for a point in a stream's queue; fires once."""
+
+    __slots__ = ("_callback", "_lock", "_state")
+
+    def __init__(self, callback: CompletionCallback) -> None:
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._state = 0  # 0 pending, 1 fired, 2 cancelled
+
+    def fire(self, error: BaseException | None) -> None:
+        with self._lock:
+            if self._state:
+                return
+            self._state = 1
+        self._callback(error)
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if self._state == 1:
+                return False
+            self._state = 2
+            return True
+
+
+class _Fired(CompletionRegistration):
+    __slots__ = ()
+
+    def cancel(self) -> bool:
+        return False
+
+
+class _CpuEvent:
+    """An event's records: ``recorded`` counts records, ``completed`` the last one run."""
+
+    __slots__ = ("completed", "condition", "recorded", "waiters")
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition(threading.Lock())
+        self.recorded = 0
+        self.completed = 0
+        self.waiters: list[tuple[int, _Completion]] = []
+
+
+class _Worker:
+    """A stream: one thread running its queue in order.
+
+    Only the backend's caller enqueues (``enqueued``) and only the thread
+    finishes (``finished``), so comparing the two never needs a lock.
+    """
+
+    __slots__ = ("enqueued", "finished", "queue", "thread")
+
+    def __init__(self, name: str) -> None:
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.enqueued = 0
+        self.finished = 0
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, operation: Callable[[], None]) -> None:
+        self.enqueued += 1
+        self.queue.put(operation)
+
+    def idle(self) -> bool:
+        return self.finished == self.enqueued
+
+    def stop(self) -> None:
+        self.queue.put(_STOP)
+
+    def _run(self) -> None:
+        operations = self.queue
+        while True:
+            operation = operations.get()
+            if operation is _STOP:
+                return
+            operation()
+            self.finished += 1
+
+
+class _CpuRead(PendingRead):
+    __slots__ = ("_completion_lock", "_data", "_done", "_error", "_registrations")
+
+    def __init__(self) -> None:
+        self._completion_lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._data: memoryview | None = None
+        self._registrations: list[_Completion] = []
+
+    def finish(self, data: memoryview | None, error: BaseException | None) -> None:
+        with self._completion_lock:
+            self._data = data
+            self._error = error
+            self._done = True
+            registrations, self._registrations = self._registrations, []
+        for registration in registrations:
+            registration.fire(error)
+
+    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
+        registration = _Completion(callback)
+        with self._completion_lock:
+            if not self._done:
+                self._registrations.append(registration)
+                return registration
+        registration.fire(self._error)
+        return registration
+
+    def result(self) -> memoryview:
+        if self._error is not None:
+            raise self._error
+        if self._data is None:
+            raise RuntimeError("the read has not completed")
+        return self._data
+
+    def discard(self) -> None:
+        self._data = None
+
+
+class CpuBackend(Backend):
+    """Runs plans on the CPU, a worker thread per stream; see the module docstring."""
+
+    kind = "cpu"
+
+    def __init__(self, *, limits: Limits | None = None) -> None:
+        super().__init__(limits=limits)
+        self._lock = threading.Lock()
+        self._events: dict[int, _CpuEvent] = {}
+        self._workers: dict[int, _Worker] = {}
+        default_id = next(self._ids)
+        self._workers[default_id] = _Worker(f"accy-cpu-{self.backend_id}-stream-default")
+        self._default_stream = StreamHandle(self.backend_id, default_id, self._workers[default_id])
+
+    # ----- Backend -------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The device's name."""
+        return f"CPU ({os.cpu_count() or 1} cores, NumPy {np.__version__})"
+
+    @property
+    def formats(self) -> frozenset[ArtifactFormat]:
+        """The formats this backend loads."""
+        return frozenset({ArtifactFormat.CPU})
+
+    @property
+    def preferred_formats(self) -> tuple[ArtifactFormat, ...]:
+        """Formats to choose registry entries in, best first."""
+        return (ArtifactFormat.CPU,)
+
+    @property
+    def default_stream(self) -> StreamHandle:
+        """The stream used when none is given."""
+        return self._default_stream
+
+    def _worker(self, stream: StreamHandle) -> _Worker:
+        worker: _Worker = stream.native
+        return worker
+
+    def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
+        try:
+            raw = np.empty(byte_size + alignment, dtype=np.uint8)
+        except MemoryError as exc:
+            raise OutOfDeviceMemory(f"cannot allocate {byte_size} bytes of host memory") from exc
+        shift = (-raw.ctypes.data) % alignment
+        return raw[shift : shift + byte_size]
+
+    def _write(
+        self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
+    ) -> None:
+        source = np.frombuffer(bytes(data), dtype=np.uint8)
+        target: np.ndarray[Any, np.dtype[np.uint8]] = buffer.native
+        end = offset + source.size
+
+        def copy() -> None:
+            target[offset:end] = source
+
+        self._worker(stream).put(self._guarded(copy, f"write to {buffer!r}"))
+
+    def _enqueue_read(
+        self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
+    ) -> PendingRead:
+        read = _CpuRead()
+        source: np.ndarray[Any, np.dtype[np.uint8]] = buffer.native
+
+        def copy() -> None:
+            if self._fault is not None:
+                read.finish(None, self._fault)
+                return
+            read.finish(memoryview(source[offset : offset + size].tobytes()), None)
+
+        self._worker(stream).put(copy)
+        return read
+
+    def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None:
+        if buffer.byte_size % 4:
+            raise UnsupportedOperation(
+                f"a 32-bit fill needs a size that is a multiple of 4, {buffer!r} has "
+                f"{buffer.byte_size} bytes"
+            )
+        words = buffer.native.view(np.uint32)
+        value = np.uint32(pattern)
+
+        def fill() -> None:
+            words[...] = value
+
+        self._worker(stream).put(self._guarded(fill, f"fill of {buffer!r}"))
+
+    async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact:
+        payload = spec.payload
+        if not isinstance(payload, CpuKernelPayload):
+            raise InvalidArtifact(f"a CPU artifact needs a cpu_kernel payload, got {payload!r}")
+        function = lookup_cpu_kernel(payload.name)
+        if function is None:
+            raise InvalidArtifact(
+                f"no CPU kernel is registered as {payload.name!r}; register one with "
+                "@accy_async.cpu_kernel"
+            )
+        return KernelArtifact(spec, function, "cpu")
+
+    async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
+        if not callable(artifact.image):
+            raise InvalidArtifact(f"{artifact!r} holds no CPU kernel")
+        return artifact.image
+
+    def _create_stream(self, object_id: int) -> Any:
+        worker = _Worker(f"accy-cpu-{self.backend_id}-stream-{object_id}")
+        self._workers[object_id] = worker
+        return worker
+
+    def _create_event(self, object_id: int) -> Any:
+        event = _CpuEvent()
+        self._events[object_id] = event
+        return event
+
+    def _record(self, event: EventHandle, stream: StreamHandle) -> None:
+        state: _CpuEvent = event.native
+        with state.condition:
+            state.recorded += 1
+            target = state.recorded
+
+        def complete() -> None:
+            with state.condition:
+                if target > state.completed:
+                    state.completed = target
+                state.condition.notify_all()
+                due = [waiter for epoch, waiter in state.waiters if epoch <= target]
+                state.waiters = [item for item in state.waiters if item[0] > target]
+            error = self._fault
+            for waiter in due:
+                waiter.fire(error)
+
+        self._worker(stream).put(complete)
+
+    def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
+        state: _CpuEvent = event.native
+        with state.condition:
+            target = state.recorded
+
+        def wait() -> None:
+            with state.condition:
+                while state.completed < target and self._fault is None and not self._closed:
+                    state.condition.wait(timeout=0.5)
+
+        self._worker(stream).put(wait)
+
+    def _launch(
+        self,
+        loaded: LoadedArtifact,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+        diagnostic_id: str | None,
+    ) -> None:
+        for event in wait_events:
+            self._wait(stream, event)
+        function = loaded.native
+        context = CpuLaunchContext(tuple(grid), tuple(block), shared_memory_bytes, diagnostic_id)  # type: ignore[arg-type]
+        views = [(b.handle.native, b.offset, b.offset + b.byte_size, b.access) for b in buffers]
+        values = [argument.value for argument in scalars]
+
+        def run() -> None:
+            arrays = []
+            for native, start, end, access in views:
+                array = native[start:end]
+                if access == "read_only":
+                    array = array.view()
+                    array.flags.writeable = False
+                arrays.append(array)
+            function(context, *arrays, *values)
+
+        name = loaded.artifact.spec.kernel_name
+        self._worker(stream).put(self._guarded(run, f"CPU kernel {name} ({describe(function)})"))
+        if signal_event is not None:
+            self._record(signal_event, stream)
+
+    def _query_event(self, event: EventHandle) -> bool:
+        state: _CpuEvent = event.native
+        return state.completed >= state.recorded
+
+    def _query_stream(self, stream: StreamHandle) -> bool:
+        return self._worker(stream).idle()
+
+    def _notify_when_complete(
+        self, event: EventHandle, callback: CompletionCallback
+    ) -> CompletionRegistration:
+        state: _CpuEvent = event.native
+        registration = _Completion(callback)
+        with state.condition:
+            if state.completed < state.recorded:
+                state.waiters.append((state.recorded, registration))
+                return registration
+        registration.fire(None)
+        return registration
+
+    def _notify_when_stream_complete(
+        self, stream: StreamHandle, callback: CompletionCallback
+    ) -> CompletionRegistration:
+        registration = _Completion(callback)
+
+        def mark() -> None:
+            registration.fire(self._fault)
+
+        self._worker(stream).put(mark)
+        return registration
+
+    def _destroy(self, obj: DeviceObject) -> None:
+        if isinstance(obj, StreamHandle):
+            worker = self._workers.pop(obj.id)
+            worker.stop()
+        elif isinstance(obj, EventHandle):
+            self._events.pop(obj.id, None)
+        # Buffers and loaded kernels are host objects: dropping the handle frees them
+        # once queued work that captured them has run.
+
+    async def _drain(self) -> None:
+        markers = []
+        for worker in list(self._workers.values()):
+            marker = threading.Event()
+            worker.put(marker.set)
+            markers.append(marker)
+
+        def wait_all() -> None:
+            for marker in markers:
+                marker.wait()
+
+        await anyio.to_thread.run_sync(wait_all)
+
+    def _close(self) -> None:
+        for worker in self._workers.values():
+            worker.stop()
+        for worker in self._workers.values():
+            worker.thread.join(timeout=5)
+        self._workers.clear()
+        self._wake_event_waiters()
+
+    def _on_poisoned(self, fault: DeviceFault) -> None:
+        # Queued records and stream markers still run after a fault (only guarded work
+        # is skipped) and fire their callbacks with the fault; waits stop waiting.
+        del fault
+        self._wake_event_waiters()
+
+    def _wake_event_waiters(self) -> None:
+        for state in list(self._events.values()):
+            with state.condition:
+                state.condition.notify_all()
+
+    # ----- worker side ---------------------------------------------------------------------
+
+    def _guarded(self, operation: Callable[[], None], what: str) -> Callable[[], None]:
+        """Run ``operation`` unless the backend is poisoned; poison it if it raises."""
+
+        def guarded() -> None:
+            if self._fault is not None:
+                return
+            try:
+                operation()
+            except BaseException as exc:  # noqa: BLE001 - a kernel's error is a device fault
+                fault = DeviceFault(f"{what} failed: {type(exc).__name__}: {exc}")
+                fault.__cause__ = exc
+                fault.kernel_traceback = "".join(  # type: ignore[attr-defined]
+                    traceback.format_exception(exc)
+                )
+                self.poison(fault)
+
+        return guarded

@@ -1,0 +1,175 @@
+"""Element types of buffers and the typed scalar arguments kernels take."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Annotated, ClassVar, Final, Literal, TypeAlias
+
+import msgspec
+
+from ._base import Tagged, convert_plan, plan_error
+
+__all__ = [
+    "F32",
+    "F64",
+    "I32",
+    "I64",
+    "U32",
+    "U64",
+    "DType",
+    "ScalarArgument",
+    "ScalarType",
+    "integer_value",
+    "scalar",
+]
+
+
+class DType(enum.Enum):
+    """Element type of a buffer or intermediate; ``size`` is its width in bytes."""
+
+    U8 = "u8"
+    I8 = "i8"
+    U16 = "u16"
+    I16 = "i16"
+    F16 = "f16"
+    BF16 = "bf16"
+    U32 = "u32"
+    I32 = "i32"
+    F32 = "f32"
+    U64 = "u64"
+    I64 = "i64"
+    F64 = "f64"
+
+    @property
+    def size(self) -> int:
+        """Width of one element in bytes."""
+        return _DTYPE_SIZES[self]
+
+    @property
+    def numpy_name(self) -> str:
+        """The NumPy dtype name of the same layout (``bf16`` is stored as ``uint16``)."""
+        return _NUMPY_NAMES[self]
+
+
+_DTYPE_SIZES: Final = {
+    DType.U8: 1,
+    DType.I8: 1,
+    DType.U16: 2,
+    DType.I16: 2,
+    DType.F16: 2,
+    DType.BF16: 2,
+    DType.U32: 4,
+    DType.I32: 4,
+    DType.F32: 4,
+    DType.U64: 8,
+    DType.I64: 8,
+    DType.F64: 8,
+}
+_NUMPY_NAMES: Final = {
+    DType.U8: "uint8",
+    DType.I8: "int8",
+    DType.U16: "uint16",
+    DType.I16: "int16",
+    DType.F16: "float16",
+    DType.BF16: "uint16",
+    DType.U32: "uint32",
+    DType.I32: "int32",
+    DType.F32: "float32",
+    DType.U64: "uint64",
+    DType.I64: "int64",
+    DType.F64: "float64",
+}
+
+ScalarType: TypeAlias = Literal["u32", "i32", "u64", "i64", "f32", "f64"]
+
+_F32_MAX: Final = 3.4028234663852886e38
+
+
+class U32(Tagged, tag="u32", kw_only=False, frozen=True):
+    """An unsigned 32-bit scalar argument."""
+
+    value: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+    dtype: ClassVar[DType] = DType.U32
+    type_name: ClassVar[ScalarType] = "u32"
+
+
+class I32(Tagged, tag="i32", kw_only=False, frozen=True):
+    """A signed 32-bit scalar argument."""
+
+    value: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+    dtype: ClassVar[DType] = DType.I32
+    type_name: ClassVar[ScalarType] = "i32"
+
+
+class U64(Tagged, tag="u64", kw_only=False, frozen=True):
+    """An unsigned 64-bit scalar argument."""
+
+    value: Annotated[int, msgspec.Meta(ge=0)]
+    dtype: ClassVar[DType] = DType.U64
+    type_name: ClassVar[ScalarType] = "u64"
+
+    def __post_init__(self) -> None:
+        if self.value > 2**64 - 1:
+            raise plan_error(f"u64 value {self.value} exceeds 2**64 - 1", "value")
+
+
+class I64(Tagged, tag="i64", kw_only=False, frozen=True):
+    """A signed 64-bit scalar argument."""
+
+    value: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+    dtype: ClassVar[DType] = DType.I64
+    type_name: ClassVar[ScalarType] = "i64"
+
+
+class F32(Tagged, tag="f32", kw_only=False, frozen=True):
+    """A 32-bit float scalar argument; finite and within float32's range."""
+
+    value: float
+    dtype: ClassVar[DType] = DType.F32
+    type_name: ClassVar[ScalarType] = "f32"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.value) or abs(self.value) > _F32_MAX:
+            raise plan_error(f"f32 value {self.value!r} is not a finite float32", "value")
+
+
+class F64(Tagged, tag="f64", kw_only=False, frozen=True):
+    """A 64-bit float scalar argument; finite."""
+
+    value: float
+    dtype: ClassVar[DType] = DType.F64
+    type_name: ClassVar[ScalarType] = "f64"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.value):
+            raise plan_error(f"f64 value {self.value!r} is not finite", "value")
+
+
+ScalarArgument: TypeAlias = U32 | I32 | U64 | I64 | F32 | F64
+"""A typed scalar kernel argument: ``U32(5000)`` encodes as ``{"type": "u32", "value": 5000}``."""
+
+SCALAR_CLASSES: Final[dict[str, type[ScalarArgument]]] = {
+    "u32": U32,
+    "i32": I32,
+    "u64": U64,
+    "i64": I64,
+    "f32": F32,
+    "f64": F64,
+}
+INTEGER_SCALARS: Final = (U32, I32, U64, I64)
+
+
+def scalar(type_name: ScalarType, value: int | float) -> ScalarArgument:
+    """Build a scalar argument of the named type, checking its range."""
+    cls = SCALAR_CLASSES.get(type_name)
+    if cls is None:
+        raise plan_error(f"unknown scalar type {type_name!r}", "type")
+    return convert_plan({"type": type_name, "value": value}, cls)
+
+
+def integer_value(argument: ScalarArgument) -> int | None:
+    """The value of an integer scalar argument, or ``None`` for a float."""
+    if isinstance(argument, INTEGER_SCALARS):
+        return argument.value
+    return None

@@ -1,0 +1,274 @@
+"""Awaiting device completion without blocking the event loop.
+
+Backends report completion through callbacks that may run on any thread (a
+CPU stream's worker, the CUDA backend's completion reactor). This module turns
+such a callback into an ``await`` on asyncio (uvloop too) and trio:
+
+* no thread and no polling task per wait: a wait is a future (asyncio) or a
+  parked task (trio) plus one registered callback, so tens of thousands of
+  concurrent waits cost memory, not threads;
+* completions that arrive together wake their loop once: a per-loop bridge
+  batches them into a single thread-safe call;
+* cancelling a wait withdraws its callback, leaving nothing behind;
+* a device fault reported to a waiter is raised in it as a fresh
+  :class:`~accy_async.errors.DeviceFault` chained to the backend's.
+
+The functions take the backend and the thing to wait for::
+
+    backend.record_event(event, stream)
+    await accy.wait_event(backend, event)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Final
+
+import sniffio
+
+from .backends.base import (
+    Backend,
+    CompletionCallback,
+    CompletionRegistration,
+    EventHandle,
+    PendingRead,
+    StreamHandle,
+)
+from .errors import AccyError
+
+__all__ = [
+    "synchronize",
+    "wait_completion",
+    "wait_event",
+    "wait_read",
+    "wait_stream",
+]
+
+Register = Callable[[CompletionCallback], CompletionRegistration]
+
+
+async def wait_event(backend: Backend, event: EventHandle) -> None:
+    """Return once ``event``'s latest record has completed.
+
+    Raises the backend's :class:`~accy_async.errors.DeviceFault` if the device
+    faults first. Returns at once, without suspending, if it already completed.
+    """
+    if backend.query_event(event):
+        return
+    await wait_completion(lambda callback: backend.notify_when_complete(event, callback))
+
+
+async def wait_stream(backend: Backend, stream: StreamHandle | None = None) -> None:
+    """Return once all work enqueued on ``stream`` (default: the default stream) has completed."""
+    await wait_completion(lambda callback: backend.notify_when_stream_complete(stream, callback))
+
+
+async def wait_read(pending: PendingRead) -> memoryview:
+    """Await an enqueued device-to-host copy and return its bytes.
+
+    If the wait is cancelled or fails, the read is discarded.
+    """
+    try:
+        await wait_completion(pending.notify_when_complete)
+    except BaseException:
+        pending.discard()
+        raise
+    return pending.result()
+
+
+async def synchronize(
+    backend: Backend,
+    *,
+    stream: StreamHandle | None = None,
+    event: EventHandle | None = None,
+) -> None:
+    """The seed's ``synchronize`` with its three scopes, without blocking the loop.
+
+    With ``event``: that event; with ``stream``: that stream; with neither: every
+    live stream of the device.
+    """
+    if event is not None:
+        await wait_event(backend, event)
+    elif stream is not None:
+        await wait_stream(backend, stream)
+    else:
+        for each in backend.live_streams():
+            await wait_stream(backend, each)
+
+
+async def wait_completion(register: Register) -> None:
+    """Await the callback that ``register`` hands to a backend.
+
+    ``register`` receives the callback and returns its registration; the
+    callback may fire on any thread, or at once inside ``register``.
+    """
+    if sniffio.current_async_library() == "trio":
+        await _trio_wait(register)
+    else:
+        await _asyncio_wait(register)
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A new exception for one waiter, so concurrent raisers don't share a traceback."""
+    if isinstance(error, AccyError):
+        copy = type(error).__new__(type(error))
+        AccyError.__init__(copy, error.message, path=error.path)
+        copy.__cause__ = error
+        return copy
+    return error
+
+
+# ----- asyncio ----------------------------------------------------------------------------
+
+
+class _AsyncioBridge:
+    """Delivers completions to one asyncio loop, one thread-safe wake-up per batch."""
+
+    __slots__ = ("__weakref__", "_batch", "_lock", "_loop", "_scheduled", "_thread_id")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread_id = threading.get_ident()
+        self._lock = threading.Lock()
+        self._batch: list[tuple[asyncio.Future[None], BaseException | None]] = []
+        self._scheduled = False
+
+    def deliver(self, future: asyncio.Future[None], error: BaseException | None) -> None:
+        if threading.get_ident() == self._thread_id:
+            _resolve(future, error)
+            return
+        with self._lock:
+            self._batch.append((future, error))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._batch = self._batch, []
+            self._scheduled = False
+        for future, error in batch:
+            _resolve(future, error)
+
+
+def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(_fresh(error))
+
+
+_asyncio_bridges: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncioBridge]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _asyncio_wait(register: Register) -> None:
+    loop = asyncio.get_running_loop()
+    bridge = _asyncio_bridges.get(loop)
+    if bridge is None:
+        bridge = _asyncio_bridges[loop] = _AsyncioBridge(loop)
+    future: asyncio.Future[None] = loop.create_future()
+    deliver = bridge.deliver
+    registration = register(lambda error: deliver(future, error))
+    try:
+        await future
+    except asyncio.CancelledError:
+        registration.cancel()
+        raise
+
+
+# ----- trio -------------------------------------------------------------------------------
+
+
+class _TrioWaiter:
+    __slots__ = ("outcome", "suspended", "task")
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.suspended = False
+        self.outcome: Any = None
+
+
+class _TrioBridge:
+    """Delivers completions to one trio run, one ``run_sync_soon`` per batch."""
+
+    __slots__ = ("_batch", "_lock", "_scheduled", "_thread_id", "_token")
+
+    def __init__(self, token: Any) -> None:
+        self._token = token
+        self._thread_id = threading.get_ident()
+        self._lock = threading.Lock()
+        self._batch: list[tuple[_TrioWaiter, BaseException | None]] = []
+        self._scheduled = False
+
+    def deliver(self, waiter: _TrioWaiter, error: BaseException | None) -> None:
+        if threading.get_ident() == self._thread_id:
+            self._wake(waiter, error)
+            return
+        with self._lock:
+            self._batch.append((waiter, error))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(Exception):  # trio.RunFinishedError: nobody waits any more
+            self._token.run_sync_soon(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._batch = self._batch, []
+            self._scheduled = False
+        for waiter, error in batch:
+            self._wake(waiter, error)
+
+    @staticmethod
+    def _wake(waiter: _TrioWaiter, error: BaseException | None) -> None:
+        import outcome
+        import trio
+
+        result = outcome.Value(None) if error is None else outcome.Error(_fresh(error))
+        if waiter.suspended:
+            waiter.suspended = False
+            trio.lowlevel.reschedule(waiter.task, result)
+        else:
+            waiter.outcome = result
+
+
+_trio_bridge_var: Any = None
+
+
+async def _trio_wait(register: Register) -> None:
+    import trio
+
+    global _trio_bridge_var
+    if _trio_bridge_var is None:
+        _trio_bridge_var = trio.lowlevel.RunVar("accy_async_bridge")
+    try:
+        bridge: _TrioBridge = _trio_bridge_var.get()
+    except LookupError:
+        bridge = _TrioBridge(trio.lowlevel.current_trio_token())
+        _trio_bridge_var.set(bridge)
+    waiter = _TrioWaiter(trio.lowlevel.current_task())
+    deliver = bridge.deliver
+    registration = register(lambda error: deliver(waiter, error))
+    if waiter.outcome is not None:  # completed inside register(), on this thread
+        waiter.outcome.unwrap()
+        return
+    waiter.suspended = True
+
+    def abort(raise_cancel: Any) -> Any:
+        del raise_cancel
+        if registration.cancel():
+            waiter.suspended = False
+            return trio.lowlevel.Abort.SUCCEEDED
+        return trio.lowlevel.Abort.FAILED
+
+    await trio.lowlevel.wait_task_rescheduled(abort)

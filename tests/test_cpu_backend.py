@@ -1,0 +1,180 @@
+"""The CPU backend really executes: streams are threads, events and waits are real."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+
+import accy_async as accy
+
+from .kernels import grid_for, load
+
+N = 4096
+
+
+async def test_a_consumer_stream_waits_for_a_slow_producer_every_time(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    """Stream B reads what a slow kernel on stream A wrote, because it waits on A's event."""
+    backend = cpu_backend
+    slow = await load(backend, "slow_fill_f32")
+    copy = await load(backend, "copy_f32")
+    stream_a, stream_b = backend.create_stream(), backend.create_stream()
+    produced = backend.create_event()
+    source, target = backend.allocate_buffer(4 * N), backend.allocate_buffer(4 * N)
+    grid, block = grid_for(N)
+    for round_index in range(20):
+        value = float(round_index + 1)
+        backend.launch(
+            slow,
+            [source.bind("write_only")],
+            [accy.U32(N), accy.F32(value), accy.U64(2_000_000)],
+            grid,
+            block,
+            stream=stream_a,
+            signal_event=produced,
+        )
+        backend.launch(
+            copy,
+            [target.bind("write_only"), source.bind("read_only")],
+            [accy.U32(N)],
+            grid,
+            block,
+            stream=stream_b,
+            wait_events=[produced],
+        )
+        got = np.frombuffer(
+            await accy.wait_read(backend.enqueue_read(target, stream=stream_b)), np.float32
+        )
+        assert (got == value).all(), f"round {round_index}: stream B did not wait for A"
+    for obj in (slow, copy, stream_a, stream_b, produced, source, target):
+        backend.destroy(obj)
+
+
+async def test_without_the_wait_the_consumer_races_ahead(cpu_backend: accy.CpuBackend) -> None:
+    """The control for the test above: the wait is what orders the streams."""
+    backend = cpu_backend
+    slow = await load(backend, "slow_fill_f32")
+    copy = await load(backend, "copy_f32")
+    stream_a, stream_b = backend.create_stream(), backend.create_stream()
+    source, target = backend.allocate_buffer(4 * N), backend.allocate_buffer(4 * N)
+    backend.fill_buffer(source, 0, stream=stream_a)
+    await accy.wait_stream(backend, stream_a)
+    grid, block = grid_for(N)
+    backend.launch(
+        slow,
+        [source.bind("write_only")],
+        [accy.U32(N), accy.F32(5.0), accy.U64(200_000_000)],
+        grid,
+        block,
+        stream=stream_a,
+    )
+    backend.launch(
+        copy,
+        [target.bind("write_only"), source.bind("read_only")],
+        [accy.U32(N)],
+        grid,
+        block,
+        stream=stream_b,
+    )
+    got = np.frombuffer(
+        await accy.wait_read(backend.enqueue_read(target, stream=stream_b)), np.float32
+    )
+    assert (got == 0).all()
+    await accy.synchronize(backend)
+    for obj in (slow, copy, stream_a, stream_b, source, target):
+        backend.destroy(obj)
+
+
+async def test_read_only_bindings_cannot_be_written(cpu_backend: accy.CpuBackend) -> None:
+    backend = cpu_backend
+    kernel = await load(backend, "iota_f32")
+    out = backend.allocate_buffer(64)
+    backend.launch(
+        kernel, [out.bind("read_only")], [accy.U32(16), accy.F32(0.0)], (1, 1, 1), (16, 1, 1)
+    )
+    with pytest.raises(accy.DeviceFault, match="read-only"):
+        await accy.wait_stream(backend)
+    assert backend.fault is not None
+    backend.destroy(kernel)
+    backend.destroy(out)
+
+
+async def test_a_kernel_error_poisons_the_backend_and_fails_every_waiter(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    backend = cpu_backend
+    bad = await load(backend, "out_of_bounds")
+    slow = await load(backend, "slow_fill_f32")
+    other = backend.create_stream()
+    buffer = backend.allocate_buffer(64)
+    never = backend.create_event()
+    backend.launch(
+        slow,
+        [buffer.bind()],
+        [accy.U32(1), accy.F32(1.0), accy.U64(50_000_000)],
+        (1, 1, 1),
+        (1, 1, 1),
+        stream=other,
+    )
+    backend.record_event(never, other)
+    backend.launch(bad, [buffer.bind()], [], (1, 1, 1), (1, 1, 1))
+    errors: list[BaseException] = []
+
+    async def waiter(wait: object) -> None:
+        try:
+            await wait  # type: ignore[misc]
+        except accy.DeviceFault as exc:
+            errors.append(exc)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(waiter, accy.wait_stream(backend))
+            group.start_soon(waiter, accy.wait_event(backend, never))
+            group.start_soon(waiter, accy.wait_stream(backend, other))
+    assert len(errors) >= 2
+    assert all("IndexError" in str(error) for error in errors)
+    assert isinstance(errors[0].__cause__, accy.DeviceFault)
+    with pytest.raises(accy.DeviceFault):
+        backend.allocate_buffer(16)
+    with pytest.raises(accy.DeviceFault):
+        backend.launch(bad, [buffer.bind()], [], (1, 1, 1), (1, 1, 1))
+    for obj in (bad, slow, other, buffer, never):
+        backend.destroy(obj)
+
+
+async def test_unregistered_cpu_kernels_are_refused(cpu_backend: accy.CpuBackend) -> None:
+    spec = accy.ArtifactSpec(
+        kernel_name="system",
+        format=accy.ArtifactFormat.CPU,
+        payload=accy.plan.CpuKernelPayload("os.system"),
+        argument_count=1,
+    )
+    with pytest.raises(accy.InvalidArtifact, match=r"no CPU kernel is registered as 'os\.system'"):
+        await cpu_backend.create_artifact(spec)
+
+
+async def test_launch_does_not_block_the_calling_thread(cpu_backend: accy.CpuBackend) -> None:
+    backend = cpu_backend
+    slow = await load(backend, "slow_fill_f32")
+    buffer = backend.allocate_buffer(64)
+    backend.launch(
+        slow,
+        [buffer.bind()],
+        [accy.U32(1), accy.F32(1.0), accy.U64(300_000_000)],
+        (1, 1, 1),
+        (1, 1, 1),
+    )
+    assert not backend.query_stream()  # enqueued, still running: the call returned at once
+    await accy.wait_stream(backend)
+    assert backend.query_stream()
+    backend.destroy(slow)
+    backend.destroy(buffer)
+
+
+def test_cpu_kernel_names_are_checked_and_not_silently_replaced() -> None:
+    with pytest.raises(ValueError, match="dotted identifier"):
+        accy.cpu_kernel("no spaces allowed")
+    with pytest.raises(ValueError, match="already registered"):
+        accy.cpu_kernel("tests.copy_f32")(lambda ctx: None)
