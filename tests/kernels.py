@@ -6,6 +6,7 @@ format the backend prefers, so one test body runs on every backend.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Final
 
@@ -54,6 +55,40 @@ KERNELS: Final[dict[str, tuple[int, int, str]]] = {
             if (i < n) out[i] = value;
         }""",
     ),
+    "add_one_f32": (
+        2,
+        1,
+        """extern "C" __global__ void add_one_f32(float* out, const float* in, unsigned n) {
+            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) out[i] = in[i] + 1.0f;
+        }""",
+    ),
+    "count_fill_u32": (
+        2,
+        1,
+        """extern "C" __global__ void count_fill_u32(unsigned* out, const unsigned* count,
+                                                    unsigned value) {
+            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < count[0]) out[i] = value;
+        }""",
+    ),
+    "scalar_count_fill_u32": (
+        1,
+        2,
+        """extern "C" __global__ void scalar_count_fill_u32(unsigned* out, unsigned n,
+                                                           unsigned value) {
+            unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) out[i] = value;
+        }""",
+    ),
+    "block_probe": (
+        1,
+        0,
+        """extern "C" __global__ void block_probe(unsigned* out) {
+            if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = blockDim.x;
+        }""",
+    ),
+    "gate": (1, 0, ""),
     "out_of_bounds": (
         1,
         0,
@@ -88,6 +123,40 @@ def slow_fill_f32(
 ) -> None:
     time.sleep(spin_ns / 1e9)
     out.view(np.float32)[:n] = value
+
+
+@accy.cpu_kernel("tests.add_one_f32")
+def add_one_f32(ctx: accy.CpuLaunchContext, out: np.ndarray, src: np.ndarray, n: int) -> None:
+    out.view(np.float32)[:n] = src.view(np.float32)[:n] + 1.0
+
+
+@accy.cpu_kernel("tests.count_fill_u32")
+def count_fill_u32(
+    ctx: accy.CpuLaunchContext, out: np.ndarray, count: np.ndarray, value: int
+) -> None:
+    n = int(count.view(np.uint32)[0])
+    out.view(np.uint32)[:n] = value
+
+
+@accy.cpu_kernel("tests.scalar_count_fill_u32")
+def scalar_count_fill_u32(ctx: accy.CpuLaunchContext, out: np.ndarray, n: int, value: int) -> None:
+    out.view(np.uint32)[:n] = value
+
+
+@accy.cpu_kernel("tests.block_probe")
+def block_probe(ctx: accy.CpuLaunchContext, out: np.ndarray) -> None:
+    time.sleep(abs(ctx.block[0] - 64) * 20e-6)  # 64 threads is the fastest candidate
+    out.view(np.uint32)[0] = ctx.block[0]
+
+
+GATE = threading.Event()
+"""Held shut by a test, ``tests.gate`` kernels block their stream until it opens."""
+
+
+@accy.cpu_kernel("tests.gate")
+def gate(ctx: accy.CpuLaunchContext, out: np.ndarray) -> None:
+    if not GATE.wait(timeout=60):
+        raise TimeoutError("the test never opened the gate")
 
 
 @accy.cpu_kernel("tests.out_of_bounds")

@@ -25,22 +25,33 @@ import asyncio
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+import anyio
 import sniffio
 
 from .backends.base import (
     Backend,
     CompletionCallback,
     CompletionRegistration,
+    DeviceObject,
     EventHandle,
     PendingRead,
     StreamHandle,
 )
 from .errors import AccyError
 
+WAKE_CHUNK: Final = 128
+"""Most waiters one wake-up resumes; a larger burst is spread over loop iterations."""
+
+CLEANUP_WAIT_SECONDS: float = 30.0
+"""How long clean-up waits for queued work before deferring the release instead."""
+
 __all__ = [
+    "CLEANUP_WAIT_SECONDS",
+    "CompletionLatch",
+    "release_when_idle",
     "synchronize",
     "wait_completion",
     "wait_event",
@@ -100,6 +111,114 @@ async def synchronize(
             await wait_stream(backend, each)
 
 
+async def release_when_idle(
+    backend: Backend,
+    objects: Sequence[DeviceObject],
+    streams: Sequence[StreamHandle | None],
+    *,
+    patience: float | None = None,
+) -> None:
+    """Destroy ``objects`` once the work queued on ``streams`` has finished.
+
+    The clean-up path of every owner (loaded kernels, pools, pipelines, graph
+    runs): it waits shielded from cancellation for at most ``timeout``
+    seconds, then destroys each object exactly once. If the wait fails or
+    times out, the objects go to the backend's deferred releases instead: a
+    leak until the device is done with them, never a dangling use. After a
+    device fault nothing will run again, so they are destroyed at once.
+    """
+    if not objects:
+        return
+    streams = list(streams) or [None]
+    finished = backend.fault is not None or backend.closed
+    if not finished:
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(CLEANUP_WAIT_SECONDS if patience is None else patience),
+        ):
+            try:
+                for stream in streams:
+                    await wait_stream(backend, stream)
+                finished = True
+            except AccyError:
+                finished = backend.fault is not None or backend.closed
+    if finished:
+        backend.destroy_all(objects)
+        return
+    try:
+        backend.defer_destroy(objects, after=streams)
+    except AccyError:
+        backend.destroy_all(objects)
+
+
+class CompletionLatch:
+    """A completion that fires once and that any number of tasks may await.
+
+    Hand the latch itself to a backend as the callback (it is callable), then
+    ``await latch.wait()`` from as many tasks as you like.
+    """
+
+    __slots__ = ("_callbacks", "_done", "_error", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._callbacks: list[CompletionCallback] = []
+
+    def __call__(self, error: BaseException | None) -> None:
+        """Fire the latch (the backend calls this, from any thread)."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            self._error = error
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(error)
+
+    @property
+    def done(self) -> bool:
+        """Whether the completion has arrived."""
+        return self._done
+
+    def register(self, callback: CompletionCallback) -> CompletionRegistration:
+        """Call ``callback`` once the latch fires (at once if it has)."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return _LatchRegistration(self, callback)
+        callback(self._error)
+        return _LatchRegistration(self, callback)
+
+    def _withdraw(self, callback: CompletionCallback) -> bool:
+        with self._lock:
+            try:
+                self._callbacks.remove(callback)
+            except ValueError:
+                return False
+            return True
+
+    async def wait(self) -> None:
+        """Return once the latch fired; raise the error it fired with, if any."""
+        if self._done:
+            if self._error is not None:
+                raise _fresh(self._error)
+            return
+        await wait_completion(self.register)
+
+
+class _LatchRegistration(CompletionRegistration):
+    __slots__ = ("_callback", "_latch")
+
+    def __init__(self, latch: CompletionLatch, callback: CompletionCallback) -> None:
+        self._latch = latch
+        self._callback = callback
+
+    def cancel(self) -> bool:
+        return self._latch._withdraw(self._callback)
+
+
 async def wait_completion(register: Register) -> None:
     """Await the callback that ``register`` hands to a backend.
 
@@ -151,10 +270,13 @@ class _AsyncioBridge:
 
     def _drain(self) -> None:
         with self._lock:
-            batch, self._batch = self._batch, []
-            self._scheduled = False
+            batch, self._batch = self._batch[:WAKE_CHUNK], self._batch[WAKE_CHUNK:]
+            more = bool(self._batch)
+            self._scheduled = more
         for future, error in batch:
             _resolve(future, error)
+        if more:  # let timers and other tasks run between chunks of a large burst
+            self._loop.call_soon(self._drain)
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -224,10 +346,13 @@ class _TrioBridge:
 
     def _drain(self) -> None:
         with self._lock:
-            batch, self._batch = self._batch, []
-            self._scheduled = False
+            batch, self._batch = self._batch[:WAKE_CHUNK], self._batch[WAKE_CHUNK:]
+            more = bool(self._batch)
+            self._scheduled = more
         for waiter, error in batch:
             self._wake(waiter, error)
+        if more:  # let timers and other tasks run between chunks of a large burst
+            self._token.run_sync_soon(self._drain)
 
     @staticmethod
     def _wake(waiter: _TrioWaiter, error: BaseException | None) -> None:

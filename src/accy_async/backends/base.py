@@ -592,8 +592,12 @@ class Backend(abc.ABC):
                     f"accy-async: failed to destroy {obj!r}: {exc}", ResourceWarning, stacklevel=2
                 )
 
-    def defer_destroy(self, objects: Sequence[DeviceObject], after: StreamHandle | None) -> None:
-        """Destroy ``objects`` once the work now queued on ``after`` has completed.
+    def defer_destroy(
+        self,
+        objects: Sequence[DeviceObject],
+        after: StreamHandle | Sequence[StreamHandle | None] | None = None,
+    ) -> None:
+        """Destroy ``objects`` once the work now queued on the ``after`` stream(s) completes.
 
         For clean-up that must not wait (a cancelled or timed-out wait): the
         objects stay alive until the device is done with them, and are
@@ -604,16 +608,24 @@ class Backend(abc.ABC):
         if self._unusable is not None:
             self.destroy_all(objects)
             return
+        streams = [self._stream(s) for s in (after if isinstance(after, Sequence) else [after])]
         token = next(self._deferred_tokens)
         with self._deferred_lock:
             self._deferred.append((token, list(objects)))
         ready = self._deferred_ready
+        remaining = [len(streams)]
+        lock = self._deferred_lock
 
         def on_complete(error: BaseException | None) -> None:
             del error
+            with lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
             ready.append(token)
 
-        self._notify_when_stream_complete(self._stream(after), on_complete)
+        for stream in streams:
+            self._notify_when_stream_complete(stream, on_complete)
 
     def collect_deferred(self) -> None:
         """Destroy the deferred objects whose work has completed."""

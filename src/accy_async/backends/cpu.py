@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -45,6 +46,7 @@ from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel
 __all__ = ["CpuBackend"]
 
 _STOP: Final = object()
+_YIELD_EVERY: Final = 32
 
 
 class _Completion(CompletionRegistration):
@@ -125,6 +127,10 @@ class _Worker:
                 return
             operation()
             self.finished += 1
+            if not self.finished % _YIELD_EVERY:
+                # Let other threads (the event loop above all) take the GIL between
+                # long runs of small operations, such as thousands of event records.
+                time.sleep(0)
 
 
 class _CpuRead(PendingRead):

@@ -12,9 +12,10 @@ Use it in your own tests the way you would use httpx's ``MockTransport``::
     assert backend.load_count == 1 and not backend.live_objects()
 
 Events complete as soon as they are recorded unless the backend is built with
-``completion="manual"``; then they stay pending until :meth:`complete` (or
-:meth:`complete_all`) is called, so tests can hold work "on the device" while
-they cancel or fail something.
+``completion="manual"``; then launches and records stay pending until
+:meth:`complete_stream` (or :meth:`complete_all`, or :meth:`complete` for one
+event) is called, so tests can hold work "on the device" while they cancel or
+fail something. A stream with nothing pending is idle.
 """
 
 from __future__ import annotations
@@ -473,6 +474,8 @@ class RecordingBackend(Backend):
                 diagnostic_id=diagnostic_id,
             )
         )
+        if self._completion == "manual":
+            self._enqueue(stream, _Pending())  # the launch itself "runs" until completed
         if signal_event is not None:
             self._record(signal_event, stream)
 
@@ -495,7 +498,10 @@ class RecordingBackend(Backend):
         self, stream: StreamHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
         pending = _Pending()
-        self._enqueue(stream, pending)
+        if self._unfinished.get(stream.id):
+            self._enqueue(stream, pending)
+        else:  # nothing queued there: the stream is already idle
+            pending.done = True
         return self._notify(pending, callback)
 
     def _destroy(self, obj: DeviceObject) -> None:

@@ -1,0 +1,545 @@
+"""The async launch-graph runner: every node an awaitable step over the device.
+
+:func:`launch_graph` turns a :class:`~accy_async.plan.LaunchGraphPlan` into
+enqueued work and returns a :class:`GraphRun` as soon as everything is
+enqueued, without waiting for the device:
+
+* **host order** (no dependency crosses streams): nodes are enqueued in list
+  order, loops repeat their nodes ``trip_count`` times with carried slots
+  ping-ponging between two buffers;
+* **dependency events** (some dependency crosses streams): nodes are enqueued
+  in list order, each on its own stream. Dependencies point forward, so by a
+  node's turn its producers on other streams have recorded their dependency
+  events; the node enqueues its launch with device-side waits on them
+  (``cuStreamWaitEvent`` on CUDA), then records its own event if a node on
+  another stream consumes it (one event per such producer, not per edge).
+  The host never waits for the device: the streams overlap on the device as
+  far as the dependencies allow.
+
+Errors: the first error stops enqueueing and is raised as itself, after the
+work already enqueued has been awaited (shielded from cancellation, bounded)
+and the run's own events and streams have been destroyed exactly once; later
+nodes are never enqueued, so there is never more than one error to report.
+Cancellation does the same and re-raises the cancellation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+import anyio.lowlevel
+import msgspec
+
+from .backends.base import (
+    Backend,
+    BufferBinding,
+    DeviceObject,
+    EventHandle,
+    StreamHandle,
+)
+from .errors import InvalidArtifact, InvalidBuffer, LaunchArgumentMismatch
+from .kernels import (
+    ElementCountBufferBinding,
+    LaunchOptions,
+    LoadedKernels,
+    PreparedLaunch,
+    SlotBinding,
+    slot_map,
+)
+from .plan import (
+    ArtifactPlan,
+    GraphDependency,
+    GraphLoop,
+    GraphNode,
+    LaunchGraphPlan,
+    create_dataflow_launch_graph_plan,
+    validate_plan,
+)
+from .waiting import CompletionLatch, release_when_idle, wait_event
+
+__all__ = ["GraphRun", "NodeCompletion", "launch_all", "launch_graph"]
+
+YIELD_EVERY: Final = 256
+"""Enqueues between checkpoints, so a large graph never holds the event loop for long."""
+
+
+class NodeCompletion:
+    """Awaitable completion of one node of a :class:`GraphRun`.
+
+    It completes when the earliest marker recorded on the node's stream at or
+    after the node has: the node's own dependency event if it has one, else
+    that of the next producer on its stream, else the stream's end of the
+    run. For a node inside a loop, that is its last iteration.
+    """
+
+    __slots__ = ("_backend", "_event", "_tail", "index")
+
+    def __init__(
+        self,
+        index: int,
+        backend: Backend,
+        event: EventHandle | None,
+        tail: CompletionLatch,
+    ) -> None:
+        self.index = index
+        self._backend = backend
+        self._event = event
+        self._tail = tail
+
+    @property
+    def done(self) -> bool:
+        """Whether the node is known to have completed."""
+        if self._tail.done:
+            return True
+        return self._event is not None and self._backend.query_event(self._event)
+
+    async def wait(self) -> None:
+        """Return once the node has completed on the device."""
+        # The run's events are released only after every stream of the run has
+        # finished, so while this node's stream has not, its event is alive.
+        if self._event is None or self._tail.done:
+            await self._tail.wait()
+        else:
+            await wait_event(self._backend, self._event)
+
+
+class GraphRun:
+    """A launched graph: everything is enqueued; await the whole or any node.
+
+    The run owns nothing that needs closing: its dependency events and the
+    streams it created are released by the backend once the device has
+    finished with them.
+    """
+
+    __slots__ = ("_backend", "_events", "_node_tails", "_schedule", "_tails", "enqueued_launches")
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        schedule: _Schedule | None = None,
+        tails: Sequence[CompletionLatch] = (),
+        node_tails: Sequence[CompletionLatch] = (),
+        events: Mapping[int, EventHandle] | None = None,
+        enqueued_launches: int = 0,
+    ) -> None:
+        self._backend = backend
+        self._schedule = schedule
+        self._tails = tuple(tails)
+        self._node_tails = tuple(node_tails)
+        self._events = events or {}
+        self.enqueued_launches = enqueued_launches
+        """How many kernel launches the run enqueued (loops counted per iteration)."""
+
+    @property
+    def done(self) -> bool:
+        """Whether every stream of the run is known to have finished."""
+        return all(latch.done for latch in self._tails)
+
+    async def wait(self) -> None:
+        """Return once all the run's work has completed on the device."""
+        for latch in self._tails:
+            await latch.wait()
+
+    def node(self, index: int) -> NodeCompletion:
+        """The completion of node ``index``."""
+        if self._backend is None or self._schedule is None:
+            raise IndexError(f"node {index} does not exist: the run has no nodes")
+        producer = self._schedule.completion_producer[index]
+        event = self._events.get(producer) if producer >= 0 else None
+        return NodeCompletion(index, self._backend, event, self._node_tails[index])
+
+    async def __aenter__(self) -> GraphRun:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        with anyio.CancelScope(shield=exc_info[0] is not None):
+            await self.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class _Schedule:
+    """What a graph needs at launch time, derived once per (graph, plan)."""
+
+    graph: LaunchGraphPlan
+    plan: ArtifactPlan
+    uses_events: bool
+    variants: tuple[tuple[int, GraphNode], ...]
+    """Distinct ``(kernel_index, node)`` launches; nodes index them by ``node_variant``."""
+    node_variant: tuple[int, ...]
+    producers: tuple[int, ...]
+    """Nodes that record a dependency event (each has a consumer on another stream)."""
+    cross_waits: tuple[tuple[int, ...], ...]
+    """Per node, the producers on other streams it waits for."""
+    loop_at: Mapping[int, GraphLoop]
+    completion_producer: tuple[int, ...]
+    """Per node, the first producer at or after it on its stream (-1: the stream's end)."""
+
+
+_schedules: OrderedDict[tuple[int, int], _Schedule] = OrderedDict()
+_SCHEDULE_CAPACITY: Final = 64
+
+
+def _schedule(graph: LaunchGraphPlan, plan: ArtifactPlan) -> _Schedule:
+    key = (id(graph), id(plan))
+    cached = _schedules.get(key)
+    if cached is not None and cached.graph is graph and cached.plan is plan:
+        return cached
+    validate_plan(graph)
+    graph.validate(plan)
+    nodes = graph.nodes
+    variant_index: dict[tuple[object, ...], int] = {}
+    variants: list[tuple[int, GraphNode]] = []
+    node_variant = []
+    for node in nodes:
+        key_of_node = (node.kernel_index, node.tuning, node.runtime_scalar_arguments)
+        index = variant_index.get(key_of_node)
+        if index is None:
+            index = variant_index[key_of_node] = len(variants)
+            variants.append((node.kernel_index, node))
+        node_variant.append(index)
+    uses_events = graph.needs_dependency_events()
+    producers: set[int] = set()
+    cross: list[list[int]] = [[] for _ in nodes]
+    if uses_events:
+        for dependency in graph.dependencies:
+            if _crosses_streams(nodes, dependency):
+                producers.add(dependency.producer_node_index)
+                cross[dependency.consumer_node_index].append(dependency.producer_node_index)
+    completion_producer = [-1] * len(nodes)
+    following: dict[int | None, int] = {}
+    for index in range(len(nodes) - 1, -1, -1):
+        if index in producers:
+            following[nodes[index].stream] = index
+        completion_producer[index] = following.get(nodes[index].stream, -1)
+    schedule = _Schedule(
+        graph=graph,
+        plan=plan,
+        uses_events=uses_events,
+        variants=tuple(variants),
+        node_variant=tuple(node_variant),
+        producers=tuple(sorted(producers)),
+        cross_waits=tuple(tuple(sorted(set(waits))) for waits in cross),
+        loop_at={loop.first_node_index: loop for loop in graph.loops},
+        completion_producer=tuple(completion_producer),
+    )
+    _schedules[key] = schedule
+    if len(_schedules) > _SCHEDULE_CAPACITY:
+        _schedules.popitem(last=False)
+    return schedule
+
+
+def _crosses_streams(nodes: Sequence[GraphNode], dependency: GraphDependency) -> bool:
+    return (
+        nodes[dependency.producer_node_index].stream != nodes[dependency.consumer_node_index].stream
+    )
+
+
+async def launch_graph(
+    kernels: LoadedKernels,
+    slot_bindings: Sequence[SlotBinding] | Mapping[int, BufferBinding],
+    graph: LaunchGraphPlan,
+    element_count_buffers: Sequence[ElementCountBufferBinding] = (),
+    *,
+    streams: Sequence[StreamHandle] | None = None,
+    events: Sequence[EventHandle] = (),
+    default_stream: StreamHandle | None = None,
+) -> GraphRun:
+    """Enqueue every node of ``graph`` and return once all are enqueued.
+
+    ``streams`` bind the graph's stream indices (the run creates
+    ``graph.stream_count`` streams when none are given, and releases them
+    after); ``events`` bind its event indices; nodes with no stream go to
+    ``default_stream`` (the backend's when ``None``). The returned
+    :class:`GraphRun` awaits the whole graph or any node. See the module
+    docstring for how errors and cancellation are handled.
+    """
+    plan = kernels.artifact_plan
+    if kernels.kernel_count != len(plan.kernels):
+        raise InvalidArtifact("the loaded kernels do not match their artifact plan")
+    schedule = _schedule(graph, plan)
+    if len(events) < graph.event_count:
+        raise LaunchArgumentMismatch(
+            f"the graph uses {graph.event_count} events, {len(events)} were given"
+        )
+    if streams is not None and len(streams) < graph.stream_count:
+        raise LaunchArgumentMismatch(
+            f"the graph uses {graph.stream_count} streams, {len(streams)} were given"
+        )
+    backend = kernels.backend
+    slots = slot_bindings if isinstance(slot_bindings, Mapping) else slot_map(slot_bindings)
+    counts = {entry.kernel_id: entry.binding for entry in element_count_buffers}
+    prepared = [
+        kernels.prepare_launch(
+            kernel_index,
+            slots,
+            counts.get(kernels.kernel_ids[kernel_index]),
+            tuning=node.tuning,
+            runtime_scalar_arguments=node.runtime_scalar_arguments,
+        )
+        for kernel_index, node in schedule.variants
+    ]
+    owned: list[DeviceObject] = []
+    stream_handles: list[StreamHandle] = list(streams or ())
+    run: _Run | None = None
+    try:
+        while len(stream_handles) < graph.stream_count:
+            stream_handles.append(backend.create_stream())
+            owned.append(stream_handles[-1])
+        run = _Run(
+            kernels,
+            schedule,
+            prepared,
+            slots,
+            counts,
+            stream_handles,
+            events,
+            default_stream,
+            owned,
+        )
+        if schedule.uses_events:
+            await run.enqueue_with_events()
+        else:
+            await run.enqueue_host_order()
+        result = run.finish()
+    except BaseException:
+        used = run.used_streams if run is not None else [default_stream]
+        await release_when_idle(backend, owned, used)
+        raise
+    backend.defer_destroy(owned, after=run.used_streams)
+    return result
+
+
+class _Run:
+    """One launch of a graph: the enqueue loops and what they produce."""
+
+    def __init__(
+        self,
+        kernels: LoadedKernels,
+        schedule: _Schedule,
+        prepared: list[PreparedLaunch],
+        slots: Mapping[int, BufferBinding],
+        counts: Mapping[int, BufferBinding],
+        stream_handles: Sequence[StreamHandle],
+        events: Sequence[EventHandle],
+        default_stream: StreamHandle | None,
+        owned: list[DeviceObject],
+    ) -> None:
+        self.kernels = kernels
+        self.backend: Backend = kernels.backend
+        self.schedule = schedule
+        self.prepared = prepared
+        self.slots = slots
+        self.counts = counts
+        self.events = events
+        self.owned = owned
+        graph = schedule.graph
+        default = default_stream
+        self.node_streams: list[StreamHandle | None] = [
+            default if node.stream is None else stream_handles[node.stream] for node in graph.nodes
+        ]
+        self.used_streams: list[StreamHandle | None] = list(
+            {id(s): s for s in self.node_streams}.values()
+        )
+        self.dependency_events: dict[int, EventHandle] = {}
+        self.launches = 0
+
+    # ----- host order ----------------------------------------------------------------------
+
+    async def enqueue_host_order(self) -> None:
+        graph = self.schedule.graph
+        nodes = graph.nodes
+        loop_at = self.schedule.loop_at
+        index = 0
+        while index < len(nodes):
+            loop = loop_at.get(index)
+            if loop is not None:
+                await self._enqueue_loop(loop)
+                index += loop.node_count
+                continue
+            self._enqueue_node(index, self.prepared[self.schedule.node_variant[index]], ())
+            index += 1
+            if not self.launches % YIELD_EVERY:
+                await anyio.lowlevel.checkpoint()
+
+    async def _enqueue_loop(self, loop: GraphLoop) -> None:
+        if loop.trip_count == 0:
+            return
+        first, end = loop.first_node_index, loop.first_node_index + loop.node_count
+        variants = self._loop_variants(loop)
+        for iteration in range(loop.trip_count):
+            prepared = variants[iteration % 2]
+            for index in range(first, end):
+                self._enqueue_node(index, prepared[index - first], ())
+                if not self.launches % YIELD_EVERY:
+                    await anyio.lowlevel.checkpoint()
+
+    def _loop_variants(self, loop: GraphLoop) -> tuple[list[PreparedLaunch], list[PreparedLaunch]]:
+        """The loop's launches for even and odd iterations (carried slots swapped)."""
+        first, end = loop.first_node_index, loop.first_node_index + loop.node_count
+        if not loop.carries:
+            same = [self.prepared[self.schedule.node_variant[i]] for i in range(first, end)]
+            return same, same
+        result = []
+        for parity in (0, 1):
+            remapped = dict(self.slots)
+            for carry in loop.carries:
+                initial = _bound(self.slots, carry.initial_slot_id)
+                output = _bound(self.slots, carry.output_slot_id)
+                read, write = (initial, output) if parity == 0 else (output, initial)
+                remapped[carry.input_slot_id] = read.with_access("read_write")
+                remapped[carry.output_slot_id] = write.with_access("read_write")
+            kernel_ids = self.kernels.kernel_ids
+            result.append(
+                [
+                    self.kernels.prepare_launch(
+                        node.kernel_index,
+                        remapped,
+                        self.counts.get(kernel_ids[node.kernel_index]),
+                        tuning=node.tuning,
+                        runtime_scalar_arguments=node.runtime_scalar_arguments,
+                    )
+                    for node in self.schedule.graph.nodes[first:end]
+                ]
+            )
+        return result[0], result[1]
+
+    # ----- dependency events ---------------------------------------------------------------
+
+    async def enqueue_with_events(self) -> None:
+        """Enqueue in list order with device-side waits between streams.
+
+        Dependencies point forward, so when a node's turn comes every producer
+        it waits for has already recorded its event: the host never waits, and
+        the streams overlap on the device as far as the dependencies allow.
+        """
+        backend = self.backend
+        schedule = self.schedule
+        events = self.dependency_events
+        for producer in schedule.producers:
+            events[producer] = backend.create_event()
+            self.owned.append(events[producer])
+        prepared = self.prepared
+        variant = schedule.node_variant
+        cross_waits = schedule.cross_waits
+        node_streams = self.node_streams
+        for index in range(len(node_streams)):
+            waits = cross_waits[index]
+            self._enqueue_node(
+                index, prepared[variant[index]], [events[p] for p in waits] if waits else ()
+            )
+            event = events.get(index)
+            if event is not None:
+                backend.record_event(event, node_streams[index])
+            if not self.launches % YIELD_EVERY:
+                await anyio.lowlevel.checkpoint()
+
+    # ----- shared --------------------------------------------------------------------------
+
+    def _enqueue_node(
+        self, index: int, prepared: PreparedLaunch, dependency_waits: Sequence[EventHandle]
+    ) -> None:
+        node = self.schedule.graph.nodes[index]
+        events = self.events
+        if node.wait_events:
+            dependency_waits = [*dependency_waits, *(events[i] for i in node.wait_events)]
+        signal = None if node.signal_event is None else events[node.signal_event]
+        self.kernels.enqueue(prepared, self.node_streams[index], dependency_waits, signal)
+        self.launches += 1
+
+    def finish(self) -> GraphRun:
+        """Register the end of each stream of the run and hand back the run."""
+        backend = self.backend
+        tails: dict[int, CompletionLatch] = {}
+        for stream in self.used_streams:
+            latch = CompletionLatch()
+            backend.notify_when_stream_complete(stream, latch)
+            tails[id(stream)] = latch
+        node_tails = [tails[id(stream)] for stream in self.node_streams]
+        return GraphRun(
+            backend,
+            self.schedule,
+            list(tails.values()),
+            node_tails,
+            self.dependency_events,
+            self.launches,
+        )
+
+
+def _bound(slots: Mapping[int, BufferBinding], slot_id: int) -> BufferBinding:
+    binding = slots.get(slot_id)
+    if binding is None:
+        raise InvalidBuffer(f"carried slot {slot_id} has no buffer bound")
+    return binding
+
+
+async def launch_all(
+    kernels: LoadedKernels,
+    slot_bindings: Sequence[SlotBinding] | Mapping[int, BufferBinding],
+    element_count_buffers: Sequence[ElementCountBufferBinding] = (),
+    options: LaunchOptions = LaunchOptions(),  # noqa: B008 - frozen, shared default
+) -> GraphRun:
+    """Launch every kernel of the plan once, in dataflow order, on ``options.stream``.
+
+    The graph is :func:`~accy_async.plan.create_dataflow_launch_graph_plan`'s;
+    the first kernel waits on ``options.wait_events`` and the last records
+    ``options.signal_event``.
+    """
+    plan = kernels.artifact_plan
+    if kernels.kernel_count != len(plan.kernels):
+        raise InvalidArtifact("the loaded kernels do not match their artifact plan")
+    if not plan.kernels:
+        return GraphRun()
+    graph = _dataflow_graph(plan, options)
+    events = [*options.wait_events]
+    if options.signal_event is not None:
+        events.append(options.signal_event)
+    return await launch_graph(
+        kernels,
+        slot_bindings,
+        graph,
+        element_count_buffers,
+        events=events,
+        default_stream=options.stream,
+    )
+
+
+_dataflow_graphs: OrderedDict[tuple[int, int, int, bool], tuple[ArtifactPlan, LaunchGraphPlan]] = (
+    OrderedDict()
+)
+
+
+def _dataflow_graph(plan: ArtifactPlan, options: LaunchOptions) -> LaunchGraphPlan:
+    wait_count = len(options.wait_events)
+    signal = options.signal_event is not None
+    key = (id(plan), id(options.tuning), wait_count, signal)
+    cached = _dataflow_graphs.get(key)
+    if cached is not None and cached[0] is plan and not options.runtime_scalar_arguments:
+        return cached[1]
+    graph = create_dataflow_launch_graph_plan(
+        plan,
+        tuning=options.tuning,
+        runtime_scalar_arguments=tuple(options.runtime_scalar_arguments),
+    )
+    nodes = list(graph.nodes)
+    if wait_count:
+        nodes[0] = _replace(nodes[0], wait_events=tuple(range(wait_count)))
+    if signal:
+        nodes[-1] = _replace(nodes[-1], signal_event=wait_count)
+    graph = LaunchGraphPlan(
+        nodes=tuple(nodes),
+        dependencies=graph.dependencies,
+        event_count=wait_count + signal,
+    )
+    if not options.runtime_scalar_arguments:
+        _dataflow_graphs[key] = (plan, graph)
+        if len(_dataflow_graphs) > _SCHEDULE_CAPACITY:
+            _dataflow_graphs.popitem(last=False)
+    return graph
+
+
+def _replace(node: GraphNode, **changes: object) -> GraphNode:
+    return msgspec.structs.replace(node, **changes)
