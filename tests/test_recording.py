@@ -16,14 +16,14 @@ async def test_ids_count_up_from_one_and_destroys_are_remembered() -> None:
     async with accy.open_backend("recording") as backend:
         assert isinstance(backend, accy.RecordingBackend)
         a, b = backend.allocate_buffer(16), backend.allocate_buffer(32)
-        assert (a.id, b.id) == (2, 3)  # 1 is the default stream
-        assert backend.allocated_buffer_ids == [2, 3]
+        assert (a.id, b.id) == (1, 2)  # 0 is the default stream
+        assert backend.allocated_buffer_ids == [1, 2]
         assert backend.allocated_buffer_byte_sizes == [16, 32]
         backend.destroy(b)
         backend.destroy(a)
         assert backend.destroy_count == 2
-        assert backend.last_destroyed_id == 2
-        assert backend.destroyed_ids == [3, 2]
+        assert backend.last_destroyed_id == 1
+        assert backend.destroyed_ids == [2, 1]
 
 
 async def test_fail_after_lets_n_calls_through_then_fails_every_later_one() -> None:

@@ -8,6 +8,7 @@ uvloop and trio through AnyIO.
 
 from __future__ import annotations
 
+from . import library
 from .backends import (
     Backend,
     BufferBinding,
@@ -26,6 +27,7 @@ from .backends import (
     create_backend,
     open_backend,
 )
+from .buffers import download, upload
 from .errors import (
     AccyError,
     BackendClosed,
@@ -39,6 +41,24 @@ from .errors import (
     PlanError,
     RuntimeUnavailable,
     UnsupportedOperation,
+)
+from .graph import GraphRun, launch_all, launch_graph
+from .kernels import (
+    CandidateBenchmarkOptions,
+    ElementCountBufferBinding,
+    LaunchOptions,
+    LoadedKernels,
+    SlotBinding,
+    load_kernels,
+)
+from .pipeline import (
+    PipelineArtifactPool,
+    PipelineIntermediates,
+    PipelineLaunch,
+    allocate_pipeline_intermediates,
+    intermediate_byte_size,
+    launch_pipeline,
+    load_pipeline_artifacts,
 )
 from .plan import (
     F32,
@@ -76,12 +96,15 @@ __all__ = [
     "BackendClosed",
     "BufferBinding",
     "BufferHandle",
+    "CandidateBenchmarkOptions",
     "CompilationError",
     "CpuBackend",
     "CpuLaunchContext",
     "DType",
     "DeviceFault",
+    "ElementCountBufferBinding",
     "EventHandle",
+    "GraphRun",
     "InvalidArtifact",
     "InvalidBuffer",
     "KernelArtifact",
@@ -89,24 +112,40 @@ __all__ = [
     "KernelCallRegistry",
     "LaunchArgumentMismatch",
     "LaunchGraphPlan",
+    "LaunchOptions",
     "LimitExceeded",
     "Limits",
     "LoadedArtifact",
+    "LoadedKernels",
     "OutOfDeviceMemory",
+    "PipelineArtifactPool",
+    "PipelineIntermediates",
+    "PipelineLaunch",
     "PlanError",
     "RecordedLaunch",
     "RecordingBackend",
     "RegistryEntry",
     "RuntimeUnavailable",
     "ScalarArgument",
+    "SlotBinding",
     "StreamHandle",
     "UnsupportedOperation",
     "__version__",
+    "allocate_pipeline_intermediates",
     "auto_backend_choice",
     "cpu_kernel",
     "create_backend",
+    "download",
+    "intermediate_byte_size",
+    "launch_all",
+    "launch_graph",
+    "launch_pipeline",
+    "library",
+    "load_kernels",
+    "load_pipeline_artifacts",
     "open_backend",
     "synchronize",
+    "upload",
     "wait_event",
     "wait_read",
     "wait_stream",

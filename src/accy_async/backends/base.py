@@ -39,6 +39,7 @@ from ..plan._base import MAX_LAUNCH_ARGUMENTS
 
 __all__ = [
     "DEFAULT_ALIGNMENT",
+    "DEFAULT_STREAM_ID",
     "Access",
     "Backend",
     "BufferBinding",
@@ -57,6 +58,9 @@ __all__ = [
 
 DEFAULT_ALIGNMENT: Final = 256
 """Byte alignment of every buffer a backend allocates (the seeds' 256)."""
+
+DEFAULT_STREAM_ID: Final = 0
+"""The default stream's id; objects a backend creates are numbered from 1."""
 
 Access: TypeAlias = Literal["read_only", "write_only", "read_write"]
 """How a launch may use a buffer. The CPU backend enforces ``read_only``."""
@@ -312,9 +316,22 @@ class Backend(abc.ABC):
         """Whether :meth:`aclose` has run."""
         return self._closed
 
-    def live_objects(self) -> Mapping[int, str]:
-        """Every object created and not yet destroyed: id to kind (``buffer``, ``event``...)."""
-        return {object_id: obj.kind for object_id, obj in self._live.items()}
+    def live_objects(self, *, owned_only: bool = False) -> Mapping[int, str]:
+        """Every object created and not yet destroyed: id to kind (``buffer``, ``event``...).
+
+        With ``owned_only``, external buffers (memory the backend does not own) are left out.
+        """
+        return {
+            object_id: obj.kind
+            for object_id, obj in self._live.items()
+            if not (
+                owned_only and isinstance(obj, BufferHandle) and obj.ownership is Ownership.EXTERNAL
+            )
+        }
+
+    def owns(self, obj: DeviceObject) -> bool:
+        """Whether ``obj`` is a live object of this backend."""
+        return obj.backend_id == self.backend_id and self._live.get(obj.id) is obj
 
     def live_streams(self) -> list[StreamHandle]:
         """The default stream and every stream created and not destroyed."""

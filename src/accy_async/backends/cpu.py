@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import DeviceFault, InvalidArtifact, OutOfDeviceMemory, UnsupportedOperation
 from ..plan import ArtifactFormat, ArtifactSpec, CpuKernelPayload, ScalarArgument
 from .base import (
+    DEFAULT_STREAM_ID,
     Backend,
     BufferBinding,
     BufferHandle,
@@ -182,7 +183,7 @@ class CpuBackend(Backend):
         self._lock = threading.Lock()
         self._events: dict[int, _CpuEvent] = {}
         self._workers: dict[int, _Worker] = {}
-        default_id = next(self._ids)
+        default_id = DEFAULT_STREAM_ID
         self._workers[default_id] = _Worker(f"accy-cpu-{self.backend_id}-stream-default")
         self._default_stream = StreamHandle(self.backend_id, default_id, self._workers[default_id])
 

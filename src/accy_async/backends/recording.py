@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..plan import ArtifactFormat, ArtifactSpec, ScalarArgument
 from .base import (
+    DEFAULT_STREAM_ID,
     Backend,
     BufferBinding,
     BufferHandle,
@@ -226,7 +227,7 @@ class RecordingBackend(Backend):
         self.waits: list[tuple[int, int]] = []
         self._events: dict[int, _Pending] = {}
         self._unfinished: dict[int, list[_Pending]] = {}
-        default_id = next(self._ids)
+        default_id = DEFAULT_STREAM_ID
         self._default_stream = StreamHandle(self.backend_id, default_id, None)
         self._unfinished[default_id] = []
 

@@ -19,6 +19,7 @@ from .artifact_plan import (
 )
 from .codec import (
     LaunchGraphDocument,
+    PipelineBuffer,
     PipelineDocument,
     PlanDocument,
     decode_json,
@@ -114,6 +115,7 @@ __all__ = [
     "LoopCarry",
     "Operand",
     "Payload",
+    "PipelineBuffer",
     "PipelineDocument",
     "PipelineIntermediate",
     "PipelineStage",

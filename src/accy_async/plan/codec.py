@@ -13,14 +13,17 @@ from typing import Any, Final, TypeAlias, TypeVar, overload
 import msgspec
 
 from ..errors import PlanError
-from ._base import Base, convert_plan, translate_validation_error
+from ._base import Base, Name, convert_plan, plan_error, translate_validation_error
 from .artifact_plan import ArtifactPlan
+from .geometry import Fixed, Quantity
 from .graph import LaunchGraphPlan
 from .pipeline import KernelCallPipeline
 from .registry import KernelCallRegistry
+from .scalars import DType
 
 __all__ = [
     "LaunchGraphDocument",
+    "PipelineBuffer",
     "PipelineDocument",
     "PlanDocument",
     "decode_json",
@@ -34,12 +37,55 @@ __all__ = [
 T = TypeVar("T")
 
 
+class PipelineBuffer(Base, frozen=True):
+    """The shape of one operand or result: ``extent`` elements of ``dtype``, by name."""
+
+    name: Name
+    dtype: DType
+    extent: Quantity
+
+
 class PipelineDocument(Base, tag="pipeline", tag_field="kind", frozen=True):
-    """A plan file holding a pipeline and the registry its stages call."""
+    """A plan file holding a pipeline and the registry its stages call.
+
+    ``operands``, ``results`` and ``runtime_scalar_names`` are optional; when
+    given they describe the caller's buffers (sized from the runtime scalars)
+    and name the scalars, so tools such as ``accy-async run`` can allocate them.
+    """
 
     pipeline: KernelCallPipeline
     registry: KernelCallRegistry
     description: str = ""
+    operands: tuple[PipelineBuffer, ...] = ()
+    results: tuple[PipelineBuffer, ...] = ()
+    runtime_scalar_names: tuple[Name, ...] = ()
+
+    def __post_init__(self) -> None:
+        pipeline = self.pipeline
+        for field, given, expected in (
+            ("operands", len(self.operands), pipeline.operand_count),
+            ("results", len(self.results), pipeline.result_count),
+            (
+                "runtime_scalar_names",
+                len(self.runtime_scalar_names),
+                pipeline.runtime_scalar_argument_count,
+            ),
+        ):
+            if given and given != expected:
+                raise plan_error(f"{given} {field} described for a pipeline of {expected}", field)
+        for field, buffers in (("operands", self.operands), ("results", self.results)):
+            for index, buffer in enumerate(buffers):
+                extent = buffer.extent
+                if not isinstance(extent, Fixed) and (
+                    extent.argument_index >= pipeline.runtime_scalar_argument_count
+                ):
+                    raise plan_error(
+                        f"runtime scalar argument {extent.argument_index} does not exist",
+                        field,
+                        index,
+                        "extent",
+                        "argument_index",
+                    )
 
 
 class LaunchGraphDocument(Base, tag="launch_graph", tag_field="kind", frozen=True):

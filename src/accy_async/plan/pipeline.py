@@ -169,33 +169,55 @@ class KernelCallPipeline(Base, frozen=True):
     ) -> tuple[RegistryEntry, ...]:
         """Check every stage against ``registry`` in ``format``; return each stage's entry.
 
-        Raises :class:`InvalidArtifact` when a stage has no entry, and
-        :class:`LaunchArgumentMismatch` when a stage's buffers or scalars do not
-        fit its entry; both name the stage's path.
+        Raises the first of :meth:`problems`: :class:`InvalidArtifact` when a
+        stage has no entry, :class:`LaunchArgumentMismatch` when a stage's
+        buffers or scalars do not fit its entry; both name the stage's path.
         """
-        entries = []
+        entries, problems = self._check(registry, format)
+        if problems:
+            raise problems[0]
+        return tuple(entry for entry in entries if entry is not None)
+
+    def problems(
+        self, registry: KernelCallRegistry, format: ArtifactFormat
+    ) -> list[InvalidArtifact | LaunchArgumentMismatch]:
+        """Every way the chain fails to fit ``registry`` in ``format`` (empty: it fits)."""
+        return self._check(registry, format)[1]
+
+    def _check(
+        self, registry: KernelCallRegistry, format: ArtifactFormat
+    ) -> tuple[list[RegistryEntry | None], list[InvalidArtifact | LaunchArgumentMismatch]]:
+        entries: list[RegistryEntry | None] = []
+        problems: list[InvalidArtifact | LaunchArgumentMismatch] = []
         for stage_index, stage in enumerate(self.stages):
             entry = registry.find(stage.target, stage.version, format)
+            entries.append(entry)
             if entry is None:
-                raise InvalidArtifact(
-                    f"no registry entry for {stage.target!r} version {stage.version} "
-                    f"in format {format.value!r}",
-                    path=f"$.stages[{stage_index}]",
+                problems.append(
+                    InvalidArtifact(
+                        f"no registry entry for {stage.target!r} version {stage.version} "
+                        f"in format {format.value!r}",
+                        path=f"$.stages[{stage_index}]",
+                    )
                 )
+                continue
             if len(stage.buffers) != entry.buffer_argument_count:
-                raise LaunchArgumentMismatch(
-                    f"stage passes {len(stage.buffers)} buffers but {entry.target!r} takes "
-                    f"{entry.buffer_argument_count}",
-                    path=f"$.stages[{stage_index}].buffers",
+                problems.append(
+                    LaunchArgumentMismatch(
+                        f"stage passes {len(stage.buffers)} buffers but {entry.target!r} takes "
+                        f"{entry.buffer_argument_count}",
+                        path=f"$.stages[{stage_index}].buffers",
+                    )
                 )
             if len(stage.scalars) != entry.runtime_scalar_argument_count:
-                raise LaunchArgumentMismatch(
-                    f"stage passes {len(stage.scalars)} scalars but {entry.target!r} takes "
-                    f"{entry.runtime_scalar_argument_count}",
-                    path=f"$.stages[{stage_index}].scalars",
+                problems.append(
+                    LaunchArgumentMismatch(
+                        f"stage passes {len(stage.scalars)} scalars but {entry.target!r} takes "
+                        f"{entry.runtime_scalar_argument_count}",
+                        path=f"$.stages[{stage_index}].scalars",
+                    )
                 )
-            entries.append(entry)
-        return tuple(entries)
+        return entries, problems
 
     def validate_runtime_scalar_arguments(self, arguments: Sequence[ScalarArgument]) -> None:
         """Check the count, the declared types and the bounds of the runtime scalars.

@@ -1,0 +1,80 @@
+"""The built-in kernels as CPU functions, one per element type, over NumPy.
+
+Each follows its CUDA twin stage for stage and reads the launch geometry the
+same way (a block scans ``block[0]`` elements), so a pipeline computes the
+same result, up to floating-point rounding, on either backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy as np
+
+from ..backends.cpu_kernels import CpuLaunchContext, cpu_kernel
+from ..plan import DType
+
+__all__ = ["REDUCE_ITEMS", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES: Final = (DType.F32, DType.F64, DType.I32, DType.U32, DType.I64, DType.U64)
+REDUCE_ITEMS: Final = 4
+"""Elements each thread of ``partial_sum`` adds (``ACCY_ITEMS`` in the CUDA source)."""
+
+Array = np.ndarray[Any, Any]
+
+
+def _tiles(values: Array, tile: int, fill: Any) -> Array:
+    """``values`` as rows of ``tile``, the last row padded with ``fill``."""
+    rows = -(-values.size // tile)
+    if rows * tile == values.size:
+        return values.reshape(rows, tile)
+    padded = np.full(rows * tile, fill, dtype=values.dtype)
+    padded[: values.size] = values
+    return padded.reshape(rows, tile)
+
+
+def _register(dtype: DType) -> None:
+    t = np.dtype(dtype.numpy_name)
+    zero = t.type(0)
+    suffix = dtype.value
+
+    @cpu_kernel(f"accy.scan.block_scan.{suffix}")
+    def block_scan(ctx: CpuLaunchContext, out: Array, src: Array, sums: Array, n: int) -> None:
+        tile = ctx.block[0]
+        scanned = np.cumsum(_tiles(src.view(t)[:n], tile, zero), axis=1, dtype=t)
+        out.view(t)[:n] = scanned.reshape(-1)[:n]
+        sums.view(t)[: scanned.shape[0]] = scanned[:, -1]
+
+    @cpu_kernel(f"accy.scan.sums_scan.{suffix}")
+    def sums_scan(ctx: CpuLaunchContext, scanned: Array, sums: Array, m: int) -> None:
+        np.cumsum(sums.view(t)[:m], dtype=t, out=scanned.view(t)[:m])
+
+    @cpu_kernel(f"accy.scan.add_base.{suffix}")
+    def add_base(ctx: CpuLaunchContext, out: Array, scanned: Array, n: int) -> None:
+        tile = ctx.block[0]
+        values = out.view(t)[:n]
+        bases = scanned.view(t)
+        full = n // tile
+        if full > 1:
+            values[: full * tile].reshape(full, tile)[1:] += bases[: full - 1, None]
+        if full >= 1 and n % tile:
+            values[full * tile :] += bases[full - 1]
+
+    @cpu_kernel(f"accy.blas.saxpy.{suffix}")
+    def saxpy(ctx: CpuLaunchContext, out: Array, x: Array, y: Array, n: int, a: Any) -> None:
+        np.add(t.type(a) * x.view(t)[:n], y.view(t)[:n], out=out.view(t)[:n], dtype=t)
+
+    @cpu_kernel(f"accy.reduce.partial_sum.{suffix}")
+    def partial_sum(ctx: CpuLaunchContext, partials: Array, src: Array, n: int) -> None:
+        rows = _tiles(src.view(t)[:n], ctx.block[0] * REDUCE_ITEMS, zero)
+        partials.view(t)[: rows.shape[0]] = rows.sum(axis=1, dtype=t)
+
+    @cpu_kernel(f"accy.reduce.final_sum.{suffix}")
+    def final_sum(ctx: CpuLaunchContext, out: Array, partials: Array, m: int) -> None:
+        out.view(t)[0] = partials.view(t)[:m].sum(dtype=t)
+
+    del block_scan, sums_scan, add_base, saxpy, partial_sum, final_sum
+
+
+for _dtype in SUPPORTED_DTYPES:
+    _register(_dtype)

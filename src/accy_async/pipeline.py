@@ -1,0 +1,543 @@
+"""Kernel pipelines: the port of ``pipeline.zig``.
+
+``await launch_pipeline(backend, request)`` runs a chain of registry kernels
+once. Everything is checked before anything is allocated or launched: the
+chain against the registry, the operand and result counts, the runtime
+scalars and their bounds, a pool's stage count, version, format and target,
+each scratch buffer's count, size and that it aliases no other scratch,
+operand or result buffer. The stages then launch in order on
+``request.stream``.
+
+Ownership follows the seed. With neither a pool nor scratch buffers, the call
+allocates the intermediates and loads the kernels itself, waits for the
+stream (without blocking the loop) and destroys them. With both, it returns
+as soon as the stages are enqueued; the caller awaits the stream before
+reusing or freeing the buffers. After an error or a cancellation, the call
+waits (shielded, bounded) for what it enqueued and destroys every object it
+owns, even when that wait fails.
+
+To launch one chain many times, load a :class:`PipelineArtifactPool` and
+allocate :class:`PipelineIntermediates` once::
+
+    pool = await load_pipeline_artifacts(backend, pipeline, registry, fmt)
+    scratch = await allocate_pipeline_intermediates(backend, pipeline, scalars)
+    async with pool, scratch:
+        await launch_pipeline(backend, PipelineLaunch(..., artifacts=pool, intermediates=scratch))
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, overload
+
+from .backends.base import (
+    Backend,
+    BufferBinding,
+    BufferHandle,
+    KernelArtifact,
+    LoadedArtifact,
+    StreamHandle,
+)
+from .errors import (
+    InvalidArtifact,
+    InvalidBuffer,
+    LaunchArgumentMismatch,
+    LimitExceeded,
+)
+from .plan import (
+    ArtifactFormat,
+    Constant,
+    Forward,
+    Intermediate,
+    KernelCallPipeline,
+    KernelCallRegistry,
+    Operand,
+    PipelineIntermediate,
+    RegistryEntry,
+    ScalarArgument,
+    ScalarDerivation,
+    resolve_quantity,
+    validate_plan,
+)
+from .plan.scalars import SCALAR_CLASSES, integer_value
+from .waiting import release_when_idle, wait_stream
+
+__all__ = [
+    "PipelineArtifactPool",
+    "PipelineIntermediates",
+    "PipelineLaunch",
+    "PoolEntry",
+    "allocate_pipeline_intermediates",
+    "intermediate_byte_size",
+    "launch_pipeline",
+    "load_pipeline_artifacts",
+]
+
+_MAX_BYTES: Final = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEntry:
+    """One stage of a pool: its created artifact and the loaded kernel."""
+
+    artifact: KernelArtifact
+    loaded: LoadedArtifact
+
+
+class PipelineArtifactPool:
+    """The created and loaded kernels of one pipeline, one per stage.
+
+    Labelled with the chain's ``target``, ``version`` and ``format``, so a
+    launch can check it was loaded for that chain. Many tasks may launch the
+    same pool at once, on different streams. Closing it (``aclose`` or leaving
+    ``async with``) waits for the streams it was launched on, then destroys
+    every loaded kernel; the created artifacts are host memory and go with it.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        pipeline: KernelCallPipeline,
+        registry: KernelCallRegistry,
+        format: ArtifactFormat,
+        entries: Sequence[PoolEntry],
+    ) -> None:
+        self.backend = backend
+        self.pipeline = pipeline
+        self.registry = registry
+        self.target = pipeline.target
+        self.version = pipeline.version
+        self.format = format
+        self.entries: tuple[PoolEntry, ...] = tuple(entries)
+        self.streams_used: set[StreamHandle | None] = set()
+        self.closed = False
+
+    async def aclose(self) -> None:
+        """Wait for the launches that used the pool, then unload every stage."""
+        if self.closed:
+            return
+        self.closed = True
+        await release_when_idle(
+            self.backend, [entry.loaded for entry in self.entries], list(self.streams_used)
+        )
+
+    async def __aenter__(self) -> PipelineArtifactPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class PipelineIntermediates(Sequence[BufferBinding]):
+    """The scratch buffers of one pipeline, allocated once for many launches.
+
+    A sequence of read-write bindings, one per intermediate, sized for the
+    runtime scalars they were allocated with. Closing waits for the streams
+    they were launched on, then frees them.
+    """
+
+    def __init__(self, backend: Backend, bindings: Sequence[BufferBinding]) -> None:
+        self.backend = backend
+        self.bindings: tuple[BufferBinding, ...] = tuple(bindings)
+        self.streams_used: set[StreamHandle | None] = set()
+        self.closed = False
+
+    @overload
+    def __getitem__(self, index: int) -> BufferBinding: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[BufferBinding]: ...
+    def __getitem__(self, index: int | slice) -> BufferBinding | Sequence[BufferBinding]:
+        return self.bindings[index]
+
+    def __len__(self) -> int:
+        return len(self.bindings)
+
+    def __iter__(self) -> Iterator[BufferBinding]:
+        return iter(self.bindings)
+
+    async def aclose(self) -> None:
+        """Wait for the launches that used the buffers, then free them."""
+        if self.closed:
+            return
+        self.closed = True
+        await release_when_idle(
+            self.backend, [binding.handle for binding in self.bindings], list(self.streams_used)
+        )
+
+    async def __aenter__(self) -> PipelineIntermediates:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineLaunch:
+    """One run of a pipeline (the seed's ``PipelineLaunch``).
+
+    ``intermediates`` and ``artifacts`` are optional: without them the call
+    allocates and loads what it needs and waits for completion before freeing
+    it. ``stream`` defaults to the backend's default stream.
+    """
+
+    pipeline: KernelCallPipeline
+    registry: KernelCallRegistry
+    format: ArtifactFormat
+    operands: Sequence[BufferBinding] = ()
+    results: Sequence[BufferBinding] = ()
+    runtime_scalar_arguments: Sequence[ScalarArgument] = ()
+    intermediates: Sequence[BufferBinding] | None = None
+    artifacts: PipelineArtifactPool | None = None
+    stream: StreamHandle | None = None
+    diagnostic_id: str | None = None
+
+
+# ----- the checked form of a (pipeline, registry, format) ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Program:
+    """A pipeline checked against a registry in one format, with each stage's entry."""
+
+    pipeline: KernelCallPipeline
+    registry: KernelCallRegistry
+    format: ArtifactFormat
+    entries: tuple[RegistryEntry, ...]
+    refs: tuple[tuple[tuple[int, int], ...], ...]
+    """Per stage, each buffer as ``(source, index)``: 0 operand, 1 result, 2 intermediate."""
+    resolved: OrderedDict[tuple[ScalarArgument, ...], _Resolved]
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    """What the runtime scalars decide: each stage's scalars and geometry, scratch sizes."""
+
+    stage_scalars: tuple[tuple[ScalarArgument, ...], ...]
+    geometry: tuple[tuple[tuple[int, int, int], tuple[int, int, int], int], ...]
+    intermediate_sizes: tuple[int, ...]
+
+
+_programs: OrderedDict[tuple[int, int, ArtifactFormat], _Program] = OrderedDict()
+_PROGRAM_CAPACITY: Final = 128
+_RESOLVED_CAPACITY: Final = 64
+
+
+def _program(
+    pipeline: KernelCallPipeline, registry: KernelCallRegistry, format: ArtifactFormat
+) -> _Program:
+    key = (id(pipeline), id(registry), format)
+    program = _programs.get(key)
+    if program is not None and program.pipeline is pipeline and program.registry is registry:
+        return program
+    validate_plan(pipeline)
+    validate_plan(registry)
+    entries = pipeline.validate(registry, format)
+    refs = tuple(
+        tuple(
+            (
+                0 if isinstance(ref, Operand) else 2 if isinstance(ref, Intermediate) else 1,
+                ref.index,
+            )
+            for ref in stage.buffers
+        )
+        for stage in pipeline.stages
+    )
+    program = _Program(pipeline, registry, format, entries, refs, OrderedDict())
+    _programs[key] = program
+    if len(_programs) > _PROGRAM_CAPACITY:
+        _programs.popitem(last=False)
+    return program
+
+
+def _resolve(program: _Program, arguments: Sequence[ScalarArgument]) -> _Resolved:
+    key = tuple(arguments)
+    cached = program.resolved.get(key)
+    if cached is not None:
+        return cached
+    pipeline = program.pipeline
+    pipeline.validate_runtime_scalar_arguments(arguments)
+    sizes = tuple(intermediate_byte_size(spec, arguments) for spec in pipeline.intermediates)
+    stage_scalars = []
+    geometry = []
+    for stage_index, (stage, entry) in enumerate(
+        zip(pipeline.stages, program.entries, strict=True)
+    ):
+        scalars = tuple(_derive(derivation, arguments, stage_index) for derivation in stage.scalars)
+        stage_scalars.append(scalars)
+        geometry.append(entry.launch.resolve(scalars))
+    resolved = _Resolved(tuple(stage_scalars), tuple(geometry), sizes)
+    program.resolved[key] = resolved
+    if len(program.resolved) > _RESOLVED_CAPACITY:
+        program.resolved.popitem(last=False)
+    return resolved
+
+
+def _derive(
+    derivation: ScalarDerivation, arguments: Sequence[ScalarArgument], stage_index: int
+) -> ScalarArgument:
+    if isinstance(derivation, Constant):
+        return derivation.value
+    argument = arguments[derivation.argument_index]
+    if isinstance(derivation, Forward):
+        return argument
+    value = integer_value(argument)
+    if value is None or value < 0:
+        raise LaunchArgumentMismatch(
+            f"stage {stage_index} divides runtime scalar {derivation.argument_index}, which must "
+            f"be a non-negative integer, got {argument!r}",
+            path=f"$.runtime_scalar_arguments[{derivation.argument_index}]",
+        )
+    return SCALAR_CLASSES[argument.type_name](-(-value // derivation.divisor))
+
+
+# ----- public operations -------------------------------------------------------------------
+
+
+def intermediate_byte_size(
+    spec: PipelineIntermediate, runtime_scalar_arguments: Sequence[ScalarArgument]
+) -> int:
+    """Bytes of one intermediate for these runtime scalars.
+
+    Raises :class:`InvalidArtifact` when the extent is zero or the size does
+    not fit in 63 bits (the seed's overflow check).
+    """
+    extent = resolve_quantity(spec.extent, runtime_scalar_arguments)
+    if extent == 0:
+        raise InvalidArtifact("an intermediate resolves to zero elements")
+    byte_size = extent * spec.dtype.size
+    if byte_size > _MAX_BYTES:
+        raise InvalidArtifact(f"an intermediate of {extent} {spec.dtype.value} overflows")
+    return byte_size
+
+
+async def load_pipeline_artifacts(
+    backend: Backend,
+    pipeline: KernelCallPipeline,
+    registry: KernelCallRegistry,
+    format: ArtifactFormat,
+) -> PipelineArtifactPool:
+    """Create and load each stage's registry entry into a new pool.
+
+    The whole chain is checked against the registry first. A failure part way
+    unloads the stages already loaded.
+    """
+    program = _program(pipeline, registry, format)
+    entries: list[PoolEntry] = []
+    try:
+        for entry in program.entries:
+            artifact = await backend.create_artifact(entry.artifact_spec())
+            entries.append(PoolEntry(artifact, await backend.load_artifact(artifact)))
+    except BaseException:
+        backend.destroy_all([pool_entry.loaded for pool_entry in entries])
+        raise
+    return PipelineArtifactPool(backend, pipeline, registry, format, entries)
+
+
+async def allocate_pipeline_intermediates(
+    backend: Backend,
+    pipeline: KernelCallPipeline,
+    runtime_scalar_arguments: Sequence[ScalarArgument],
+) -> PipelineIntermediates:
+    """Allocate each intermediate once, sized for these runtime scalars, 256-byte aligned.
+
+    The runtime scalars and every size (against the backend's limits) are
+    checked before the first allocation; a failure part way frees what was
+    allocated.
+    """
+    validate_plan(pipeline)
+    pipeline.validate_runtime_scalar_arguments(runtime_scalar_arguments)
+    sizes = [
+        intermediate_byte_size(spec, runtime_scalar_arguments) for spec in pipeline.intermediates
+    ]
+    return PipelineIntermediates(backend, _allocate(backend, pipeline, sizes))
+
+
+def _allocate(
+    backend: Backend, pipeline: KernelCallPipeline, sizes: Sequence[int]
+) -> list[BufferBinding]:
+    limits = backend.limits
+    for index, size in enumerate(sizes):
+        if size > limits.max_buffer_bytes:
+            raise LimitExceeded(
+                f"intermediate {index} needs {size} bytes, over the limit of "
+                f"{limits.max_buffer_bytes} bytes per buffer",
+                path=f"$.intermediates[{index}]",
+            )
+    if sum(sizes) > limits.max_total_bytes:
+        raise LimitExceeded(
+            f"the intermediates need {sum(sizes)} bytes together, over the backend's limit of "
+            f"{limits.max_total_bytes}"
+        )
+    bindings: list[BufferBinding] = []
+    try:
+        for spec, size in zip(pipeline.intermediates, sizes, strict=True):
+            bindings.append(backend.allocate_buffer(size, dtype=spec.dtype).bind("read_write"))
+    except BaseException:
+        backend.destroy_all([binding.handle for binding in bindings])
+        raise
+    return bindings
+
+
+async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
+    """Run a kernel pipeline once; see the module docstring for the rules.
+
+    Raises :class:`InvalidArtifact` for a chain the registry cannot resolve,
+    :class:`LaunchArgumentMismatch` (or :class:`LimitExceeded`) for counts,
+    scalars, pools or scratch buffers that do not fit, and
+    :class:`InvalidBuffer` for a buffer that is not a live buffer of
+    ``backend``, all before anything is allocated or launched.
+    """
+    pipeline = request.pipeline
+    pool = request.artifacts
+    if pool is not None and pool.pipeline is pipeline and pool.registry is request.registry:
+        program = _program(pipeline, pool.registry, pool.format)
+    else:
+        program = _program(pipeline, request.registry, request.format)
+    if len(request.operands) != pipeline.operand_count:
+        raise LaunchArgumentMismatch(
+            f"pipeline {pipeline.target!r} takes {pipeline.operand_count} operands, "
+            f"got {len(request.operands)}",
+            path="$.operands",
+        )
+    if len(request.results) != pipeline.result_count:
+        raise LaunchArgumentMismatch(
+            f"pipeline {pipeline.target!r} takes {pipeline.result_count} results, "
+            f"got {len(request.results)}",
+            path="$.results",
+        )
+    resolved = _resolve(program, request.runtime_scalar_arguments)
+    if pool is not None:
+        _check_pool(pool, backend, program, request.format)
+    _check_buffers(backend, request.operands, "operands")
+    _check_buffers(backend, request.results, "results")
+    provided = request.intermediates
+    if provided is not None:
+        _check_intermediates(backend, provided, resolved.intermediate_sizes, request)
+
+    stream = request.stream
+    owned: list[BufferHandle | LoadedArtifact] = []
+    try:
+        if provided is None:
+            intermediates: Sequence[BufferBinding] = _allocate(
+                backend, pipeline, resolved.intermediate_sizes
+            )
+            owned.extend(binding.handle for binding in intermediates)
+        else:
+            intermediates = provided
+        sources = (request.operands, request.results, intermediates)
+        if pool is not None:
+            pool.streams_used.add(stream)
+            for stage_index, pool_entry in enumerate(pool.entries):
+                _launch_stage(
+                    backend, pool_entry.loaded, program, resolved, stage_index, sources, request
+                )
+        else:
+            for stage_index, entry in enumerate(program.entries):
+                artifact = await backend.create_artifact(entry.artifact_spec(request.diagnostic_id))
+                loaded = await backend.load_artifact(artifact)
+                owned.append(loaded)
+                _launch_stage(backend, loaded, program, resolved, stage_index, sources, request)
+        if isinstance(provided, PipelineIntermediates):
+            provided.streams_used.add(stream)
+        if owned:
+            await wait_stream(backend, stream)
+    except BaseException:
+        await release_when_idle(backend, owned, [stream])
+        raise
+    backend.destroy_all(owned)
+
+
+def _launch_stage(
+    backend: Backend,
+    loaded: LoadedArtifact,
+    program: _Program,
+    resolved: _Resolved,
+    stage_index: int,
+    sources: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]],
+    request: PipelineLaunch,
+) -> None:
+    buffers = [sources[source][index] for source, index in program.refs[stage_index]]
+    grid, block, shared = resolved.geometry[stage_index]
+    backend.launch(
+        loaded,
+        buffers,
+        resolved.stage_scalars[stage_index],
+        grid,
+        block,
+        shared_memory_bytes=shared,
+        stream=request.stream,
+        diagnostic_id=request.diagnostic_id,
+    )
+
+
+def _check_pool(
+    pool: PipelineArtifactPool, backend: Backend, program: _Program, format: ArtifactFormat
+) -> None:
+    pipeline = program.pipeline
+    if pool.closed:
+        raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
+    if pool.backend is not backend:
+        raise LaunchArgumentMismatch(
+            "the artifact pool was loaded on another backend", path="$.artifacts"
+        )
+    for what, have, want in (
+        ("stages", len(pool.entries), len(pipeline.stages)),
+        ("version", pool.version, pipeline.version),
+        ("format", pool.format, format),
+        ("target", pool.target, pipeline.target),
+    ):
+        if have != want:
+            raise LaunchArgumentMismatch(
+                f"the artifact pool's {what} is {have!r}, the launch needs {want!r}",
+                path="$.artifacts",
+            )
+
+
+def _check_buffers(backend: Backend, bindings: Sequence[BufferBinding], what: str) -> None:
+    for index, binding in enumerate(bindings):
+        handle = binding.handle
+        if not backend.owns(handle):
+            raise InvalidBuffer(
+                f"{handle!r} is not a live buffer of this backend", path=f"$.{what}[{index}]"
+            )
+        if binding.offset < 0 or binding.offset + binding.byte_size > handle.byte_size:
+            raise InvalidBuffer(
+                f"{binding!r} is outside its buffer of {handle.byte_size} bytes",
+                path=f"$.{what}[{index}]",
+            )
+
+
+def _check_intermediates(
+    backend: Backend,
+    provided: Sequence[BufferBinding],
+    sizes: Sequence[int],
+    request: PipelineLaunch,
+) -> None:
+    if len(provided) != len(sizes):
+        raise LaunchArgumentMismatch(
+            f"the pipeline has {len(sizes)} intermediates, {len(provided)} were given",
+            path="$.intermediates",
+        )
+    if isinstance(provided, PipelineIntermediates) and provided.closed:
+        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
+    _check_buffers(backend, provided, "intermediates")
+    for index, (binding, size) in enumerate(zip(provided, sizes, strict=True)):
+        path = f"$.intermediates[{index}]"
+        if binding.byte_size < size:
+            raise LaunchArgumentMismatch(
+                f"intermediate {index} has {binding.byte_size} bytes, the launch needs {size}",
+                path=path,
+            )
+        for other_index, other in enumerate(provided[:index]):
+            if binding.aliases(other):
+                raise LaunchArgumentMismatch(
+                    f"intermediate {index} aliases intermediate {other_index}", path=path
+                )
+        for what, others in (("operand", request.operands), ("result", request.results)):
+            for other_index, other in enumerate(others):
+                if binding.aliases(other):
+                    raise LaunchArgumentMismatch(
+                        f"intermediate {index} aliases {what} {other_index}", path=path
+                    )
