@@ -303,14 +303,14 @@ async def test_launch_all_runs_the_dataflow_graph(recording: accy.RecordingBacke
     destroy_bindings(recording, bindings)
 
 
-# ----- CPU: real numbers ---------------------------------------------------------------------
+# ----- CPU and CUDA: real numbers -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("streams", [(None, None, None, None), (0, 0, 1, 0), (0, 1, 2, 1)])
 async def test_diamond_computes_the_right_numbers(
-    cpu_backend: accy.CpuBackend, streams: tuple[int | None, ...]
+    executing_backend: accy.Backend, streams: tuple[int | None, ...]
 ) -> None:
-    backend = cpu_backend
+    backend = executing_backend
     bindings = bind_all(backend, SIZES)
     async with await load_kernels(backend, chain_plan(backend)) as kernels:
         for _ in range(3):
@@ -324,9 +324,9 @@ async def test_diamond_computes_the_right_numbers(
 
 @pytest.mark.parametrize("trips", range(1, 10))
 async def test_a_loop_carries_its_buffer_through_each_iteration(
-    cpu_backend: accy.CpuBackend, trips: int
+    executing_backend: accy.Backend, trips: int
 ) -> None:
-    backend = cpu_backend
+    backend = executing_backend
     bindings = bind_all(backend, SIZES)
     by_slot = {b.slot_id: b for b in bindings}
     graph = p.LaunchGraphPlan(

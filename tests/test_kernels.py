@@ -502,11 +502,13 @@ async def test_candidates_are_chosen_from_real_measurements(cpu_backend: accy.Cp
     backend.destroy(stream)
 
 
-# ----- real numbers on the CPU ---------------------------------------------------------------
+# ----- real numbers on the CPU and CUDA ---------------------------------------------------
 
 
-async def test_fills_and_count_modes_produce_the_right_bytes(cpu_backend: accy.CpuBackend) -> None:
-    backend = cpu_backend
+async def test_fills_and_count_modes_produce_the_right_bytes(
+    executing_backend: accy.Backend,
+) -> None:
+    backend = executing_backend
     plan = p.ArtifactPlan(
         slots=slots((1, 64), (2, 64)),
         kernels=(
@@ -551,8 +553,8 @@ async def test_fills_and_count_modes_produce_the_right_bytes(cpu_backend: accy.C
     backend.destroy(count)
 
 
-async def test_slot_bindings_can_be_a_mapping(cpu_backend: accy.CpuBackend) -> None:
-    backend = cpu_backend
+async def test_slot_bindings_can_be_a_mapping(executing_backend: accy.Backend) -> None:
+    backend = executing_backend
     plan = copy_plan(backend)
     src, dst = backend.allocate_buffer(4 * N), backend.allocate_buffer(4 * N)
     backend.write_buffer(src, np.arange(N, dtype=np.float32).tobytes())

@@ -282,6 +282,14 @@ async def launch_graph(
         )
         for kernel_index, node in schedule.variants
     ]
+    for each in prepared:
+        kernels.check_live(each)
+    for event in events:
+        if not backend.owns(event):
+            raise InvalidBuffer(f"{event!r} is not a live event of this backend")
+    for stream in [*(streams or ()), *([default_stream] if default_stream else [])]:
+        if not backend.owns(stream):
+            raise InvalidBuffer(f"{stream!r} is not a live stream of this backend")
     owned: list[DeviceObject] = []
     stream_handles: list[StreamHandle] = list(streams or ())
     run: _Run | None = None
@@ -393,18 +401,19 @@ class _Run:
                 remapped[carry.input_slot_id] = read.with_access("read_write")
                 remapped[carry.output_slot_id] = write.with_access("read_write")
             kernel_ids = self.kernels.kernel_ids
-            result.append(
-                [
-                    self.kernels.prepare_launch(
-                        node.kernel_index,
-                        remapped,
-                        self.counts.get(kernel_ids[node.kernel_index]),
-                        tuning=node.tuning,
-                        runtime_scalar_arguments=node.runtime_scalar_arguments,
-                    )
-                    for node in self.schedule.graph.nodes[first:end]
-                ]
-            )
+            variant = [
+                self.kernels.prepare_launch(
+                    node.kernel_index,
+                    remapped,
+                    self.counts.get(kernel_ids[node.kernel_index]),
+                    tuning=node.tuning,
+                    runtime_scalar_arguments=node.runtime_scalar_arguments,
+                )
+                for node in self.schedule.graph.nodes[first:end]
+            ]
+            for prepared in variant:
+                self.kernels.check_live(prepared)
+            result.append(variant)
         return result[0], result[1]
 
     # ----- dependency events ---------------------------------------------------------------
@@ -447,7 +456,9 @@ class _Run:
         if node.wait_events:
             dependency_waits = [*dependency_waits, *(events[i] for i in node.wait_events)]
         signal = None if node.signal_event is None else events[node.signal_event]
-        self.kernels.enqueue(prepared, self.node_streams[index], dependency_waits, signal)
+        self.kernels.enqueue(
+            prepared, self.node_streams[index], dependency_waits, signal, trusted=True
+        )
         self.launches += 1
 
     def finish(self) -> GraphRun:

@@ -294,6 +294,16 @@ class LoadedKernels:
                 f"kernel {planned.kernel_id} would take {len(buffers)} buffers and "
                 f"{len(scalars)} scalars; the limit is {MAX_LAUNCH_ARGUMENTS} each"
             )
+        artifact = self.loaded[kernel_index].artifact
+        if (len(buffers), len(scalars)) != (
+            artifact.buffer_argument_count,
+            artifact.scalar_argument_count,
+        ):
+            raise LaunchArgumentMismatch(
+                f"kernel {planned.kernel_id} binds {len(buffers)} buffers and {len(scalars)} "
+                f"scalars, but its artifact {artifact.spec.kernel_name} takes "
+                f"{artifact.buffer_argument_count} and {artifact.scalar_argument_count}"
+            )
         launch_rule = planned.kernel_call_launch
         if isinstance(launch_rule, DerivedLaunch):
             grid, block, shared = launch_rule.resolve(runtime)
@@ -317,13 +327,34 @@ class LoadedKernels:
         stream: StreamHandle | None = None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
+        *,
+        trusted: bool = False,
     ) -> None:
-        """Enqueue a prepared launch: its fills, then the kernel, in stream order."""
+        """Enqueue a prepared launch: its fills, then the kernel, in stream order.
+
+        ``trusted`` skips the backend's per-launch checks, for callers that
+        have checked (with :meth:`check_live`) that the prepared launch's
+        buffers and the events and stream given are live.
+        """
         backend = self.backend
         if prepared.fills:
             for binding, pattern, byte_size in prepared.fills:
                 _fill(backend, binding, pattern, byte_size, stream)
         self._streams_used.add(stream)
+        if trusted:
+            backend.launch_trusted(
+                prepared.loaded,
+                prepared.buffers,
+                prepared.scalars,
+                prepared.grid,
+                prepared.block,
+                prepared.shared_memory_bytes,
+                stream,
+                wait_events,
+                signal_event,
+                prepared.diagnostic_id,
+            )
+            return
         backend.launch(
             prepared.loaded,
             prepared.buffers,
@@ -336,6 +367,18 @@ class LoadedKernels:
             signal_event=signal_event,
             diagnostic_id=prepared.diagnostic_id,
         )
+
+    def check_live(self, prepared: PreparedLaunch) -> None:
+        """Raise :class:`InvalidBuffer` unless every buffer of ``prepared`` is live here."""
+        backend = self.backend
+        if not backend.owns(prepared.loaded):
+            raise InvalidArtifact(f"{prepared.loaded!r} is not loaded on this backend")
+        for binding in prepared.buffers:
+            handle = binding.handle
+            if not backend.owns(handle):
+                raise InvalidBuffer(f"{handle!r} is not a live buffer of this backend")
+            if binding.offset < 0 or binding.offset + binding.byte_size > handle.byte_size:
+                raise InvalidBuffer(f"{binding!r} is outside its buffer")
 
     # ----- measurement ---------------------------------------------------------------------
 

@@ -410,6 +410,10 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     resolved = _resolve(program, request.runtime_scalar_arguments)
     if pool is not None:
         _check_pool(pool, backend, program, request.format)
+    if request.stream is not None and not backend.owns(request.stream):
+        raise InvalidBuffer(
+            f"{request.stream!r} is not a live stream of this backend", path="$.stream"
+        )
     _check_buffers(backend, request.operands, "operands")
     _check_buffers(backend, request.results, "results")
     provided = request.intermediates
@@ -460,15 +464,18 @@ def _launch_stage(
 ) -> None:
     buffers = [sources[source][index] for source, index in program.refs[stage_index]]
     grid, block, shared = resolved.geometry[stage_index]
-    backend.launch(
+    # Every buffer, the stream and the stage's counts were checked before the first launch.
+    backend.launch_trusted(
         loaded,
         buffers,
         resolved.stage_scalars[stage_index],
         grid,
         block,
-        shared_memory_bytes=shared,
-        stream=request.stream,
-        diagnostic_id=request.diagnostic_id,
+        shared,
+        request.stream,
+        (),
+        None,
+        request.diagnostic_id,
     )
 
 

@@ -42,7 +42,7 @@ from .backends.base import (
 )
 from .errors import AccyError
 
-WAKE_CHUNK: Final = 128
+WAKE_CHUNK: Final = 64
 """Most waiters one wake-up resumes; a larger burst is spread over loop iterations."""
 
 CLEANUP_WAIT_SECONDS: float = 30.0

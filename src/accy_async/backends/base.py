@@ -38,6 +38,7 @@ from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
 from ..plan._base import MAX_LAUNCH_ARGUMENTS
 
 __all__ = [
+    "ALREADY_FIRED",
     "DEFAULT_ALIGNMENT",
     "DEFAULT_STREAM_ID",
     "Access",
@@ -219,6 +220,17 @@ class CompletionRegistration(abc.ABC):
     @abc.abstractmethod
     def cancel(self) -> bool:
         """Withdraw the callback. ``True`` if it will not be called, ``False`` if it fired."""
+
+
+class _AlreadyFired(CompletionRegistration):
+    __slots__ = ()
+
+    def cancel(self) -> bool:
+        return False
+
+
+ALREADY_FIRED: Final[CompletionRegistration] = _AlreadyFired()
+"""The registration of a callback that ran before its registration returned."""
 
 
 class PendingRead(abc.ABC):
@@ -532,6 +544,41 @@ class Backend(abc.ABC):
             block,
             shared_memory_bytes,
             self._stream(stream),
+            wait_events,
+            signal_event,
+            diagnostic_id,
+        )
+
+    def launch_trusted(
+        self,
+        loaded: LoadedArtifact,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle | None,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+        diagnostic_id: str | None = None,
+    ) -> None:
+        """:meth:`launch` without the per-launch argument checks: the hot path.
+
+        For callers that have already checked, once, that ``loaded``, every
+        buffer and every event are live objects of this backend and that the
+        counts fit the artifact (the pipeline and graph runners do, before
+        their first launch). A closed or faulted backend still refuses.
+        """
+        if self._unusable is not None:
+            self._raise_unusable()
+        self._launch(
+            loaded,
+            buffers,
+            scalars,
+            grid,
+            block,
+            shared_memory_bytes,
+            self.default_stream if stream is None else stream,
             wait_events,
             signal_event,
             diagnostic_id,

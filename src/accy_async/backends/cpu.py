@@ -75,13 +75,6 @@ class _Completion(CompletionRegistration):
             return True
 
 
-class _Fired(CompletionRegistration):
-    __slots__ = ()
-
-    def cancel(self) -> bool:
-        return False
-
-
 class _CpuEvent:
     """An event's records: ``recorded`` counts records, ``completed`` the last one run."""
 
@@ -98,7 +91,9 @@ class _Worker:
     """A stream: one thread running its queue in order.
 
     Only the backend's caller enqueues (``enqueued``) and only the thread
-    finishes (``finished``), so comparing the two never needs a lock.
+    finishes (``finished``), so comparing the two never needs a lock. An
+    operation may return a callable: it runs after ``finished`` counts the
+    operation, so whoever it wakes sees the stream's progress.
     """
 
     __slots__ = ("enqueued", "finished", "queue", "thread")
@@ -110,7 +105,7 @@ class _Worker:
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
-    def put(self, operation: Callable[[], None]) -> None:
+    def put(self, operation: Callable[[], Callable[[], None] | None]) -> None:
         self.enqueued += 1
         self.queue.put(operation)
 
@@ -126,8 +121,10 @@ class _Worker:
             operation = operations.get()
             if operation is _STOP:
                 return
-            operation()
+            then = operation()
             self.finished += 1
+            if then is not None:
+                then()
             if not self.finished % _YIELD_EVERY:
                 # Let other threads (the event loop above all) take the GIL between
                 # long runs of small operations, such as thousands of event records.
@@ -239,11 +236,12 @@ class CpuBackend(Backend):
         read = _CpuRead()
         source: np.ndarray[Any, np.dtype[np.uint8]] = buffer.native
 
-        def copy() -> None:
+        def copy() -> Callable[[], None]:
             if self._fault is not None:
-                read.finish(None, self._fault)
-                return
-            read.finish(memoryview(source[offset : offset + size].tobytes()), None)
+                fault = self._fault
+                return lambda: read.finish(None, fault)
+            data = memoryview(source[offset : offset + size].tobytes())
+            return lambda: read.finish(data, None)
 
         self._worker(stream).put(copy)
         return read
@@ -295,16 +293,22 @@ class CpuBackend(Backend):
             state.recorded += 1
             target = state.recorded
 
-        def complete() -> None:
+        def complete() -> Callable[[], None] | None:
             with state.condition:
                 if target > state.completed:
                     state.completed = target
                 state.condition.notify_all()
+                if not state.waiters:
+                    return None
                 due = [waiter for epoch, waiter in state.waiters if epoch <= target]
                 state.waiters = [item for item in state.waiters if item[0] > target]
             error = self._fault
-            for waiter in due:
-                waiter.fire(error)
+
+            def fire() -> None:
+                for waiter in due:
+                    waiter.fire(error)
+
+            return fire
 
         self._worker(stream).put(complete)
 
@@ -379,8 +383,9 @@ class CpuBackend(Backend):
     ) -> CompletionRegistration:
         registration = _Completion(callback)
 
-        def mark() -> None:
-            registration.fire(self._fault)
+        def mark() -> Callable[[], None]:
+            error = self._fault
+            return lambda: registration.fire(error)
 
         self._worker(stream).put(mark)
         return registration

@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..plan import ArtifactFormat, ArtifactSpec, ScalarArgument
 from .base import (
+    ALREADY_FIRED,
     DEFAULT_STREAM_ID,
     Backend,
     BufferBinding,
@@ -151,13 +152,6 @@ class _Registration(CompletionRegistration):
             except ValueError:
                 return False
             return True
-
-
-class _FiredRegistration(CompletionRegistration):
-    __slots__ = ()
-
-    def cancel(self) -> bool:
-        return False
 
 
 class _RecordingRead(PendingRead):
@@ -349,7 +343,7 @@ class RecordingBackend(Backend):
                 pending.callbacks.append(callback)
                 return _Registration(self._lock, pending, callback)
         callback(None)
-        return _FiredRegistration()
+        return ALREADY_FIRED
 
     def _enqueue(self, stream: StreamHandle, pending: _Pending) -> None:
         if self._completion == "immediate":

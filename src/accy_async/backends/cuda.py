@@ -1,0 +1,602 @@
+"""The CUDA backend: an NVIDIA GPU through cuda-python's driver API and NVRTC.
+
+* **Device and context**: device ``device`` (0 by default) and its primary
+  context, made current on the thread that opens the backend (use the backend
+  from that thread: the event loop's) and on the backend's own threads.
+* **Buffers**: ``cuMemAlloc`` (256-byte aligned or better); copies through
+  pinned staging memory (``cuMemHostAlloc``, pooled) so that host-to-device
+  and device-to-host copies are truly asynchronous in stream order; 32-bit
+  fills with ``cuMemsetD32Async``. Frees that may synchronize the device
+  (``cuMemFree``, ``cuModuleUnload``, ``cuMemFreeHost``) run on a janitor
+  thread, never on the event loop's.
+* **Artifacts**: CUDA C++ compiled by NVRTC to a cubin for the device (PTX as
+  the fallback), or PTX or cubin payloads; compiling and loading run in worker
+  threads. Each loaded kernel keeps one packed argument array (a ``void*``
+  array over an 8-byte slot per argument) that every launch refills in place.
+* **Streams and events**: non-blocking streams; events without timing (the
+  backend's own completion markers pooled); device-side waits with
+  ``cuStreamWaitEvent``; non-blocking queries.
+* **Completion**: a :class:`~accy_async.backends.cuda_reactor.CompletionReactor`.
+* **Faults**: every ``CUresult`` is translated; sticky ones poison the backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import struct
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import anyio.to_thread
+import numpy as np
+
+from ..errors import DeviceFault, InvalidArtifact, UnsupportedOperation
+from ..plan import ArtifactFormat, ArtifactSpec, BinaryPayload, ScalarArgument, TextPayload
+from .base import (
+    ALREADY_FIRED,
+    DEFAULT_STREAM_ID,
+    Backend,
+    BufferBinding,
+    BufferHandle,
+    CompletionCallback,
+    CompletionRegistration,
+    DeviceObject,
+    EventHandle,
+    KernelArtifact,
+    Limits,
+    LoadedArtifact,
+    PendingRead,
+    StreamHandle,
+)
+from .cuda_driver import driver, probe_cuda, translate
+from .cuda_reactor import CompletionReactor, ReactorKind
+from .nvrtc import compile_source
+
+__all__ = ["CudaBackend", "probe_cuda"]
+
+_SCALAR_CODES: Final = {
+    "u32": "I4x",
+    "i32": "i4x",
+    "f32": "f4x",
+    "u64": "Q",
+    "i64": "q",
+    "f64": "d",
+}
+_STAGING_POOL_BYTES: Final = 256 * 1024 * 1024
+_MIN_STAGING: Final = 4096
+
+
+class _Kernel:
+    """A loaded function with its reusable argument array."""
+
+    __slots__ = ("argument_count", "formats", "function", "module", "params", "pointers", "slots")
+
+    def __init__(self, module: Any, function: Any, argument_count: int) -> None:
+        self.module = module
+        self.function = function
+        self.argument_count = argument_count
+        count = max(argument_count, 1)
+        self.slots = ctypes.create_string_buffer(8 * count)
+        base = ctypes.addressof(self.slots)
+        self.pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+        self.params = ctypes.addressof(self.pointers)
+        self.formats: dict[tuple[str, ...], struct.Struct] = {}
+
+    def packer(self, buffer_count: int, scalar_types: tuple[str, ...]) -> struct.Struct:
+        packer = self.formats.get(scalar_types)
+        if packer is None:
+            codes = "".join(_SCALAR_CODES[t] for t in scalar_types)
+            packer = self.formats[scalar_types] = struct.Struct("<" + "Q" * buffer_count + codes)
+        return packer
+
+
+class _Staging:
+    """Pinned host memory, pooled by power-of-two size class."""
+
+    def __init__(self, janitor: _Janitor) -> None:
+        self._janitor = janitor
+        self._free: dict[int, list[int]] = {}
+        self._pooled = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> tuple[int, int]:
+        capacity = max(_MIN_STAGING, 1 << (max(size, 1) - 1).bit_length())
+        with self._lock:
+            free = self._free.get(capacity)
+            if free:
+                self._pooled -= capacity
+                return free.pop(), capacity
+        d = driver()
+        result, pointer = d.cuMemHostAlloc(capacity, 0)
+        if int(result):
+            raise translate(result, f"allocating {capacity} bytes of pinned memory")
+        return int(pointer), capacity
+
+    def give_back(self, pointer: int, capacity: int) -> None:
+        with self._lock:
+            if self._pooled + capacity <= _STAGING_POOL_BYTES:
+                self._free.setdefault(capacity, []).append(pointer)
+                self._pooled += capacity
+                return
+        self._janitor.submit("freeing pinned memory", lambda: driver().cuMemFreeHost(pointer))
+
+    def release_all(self) -> None:
+        with self._lock:
+            pointers = [p for free in self._free.values() for p in free]
+            self._free.clear()
+            self._pooled = 0
+        d = driver()
+        for pointer in pointers:
+            d.cuMemFreeHost(pointer)
+
+
+class _Janitor:
+    """A thread for driver calls that may synchronize the device (frees, unloads).
+
+    Failures are remembered, not raised: the backend reports them as a
+    :class:`ResourceWarning` when it closes (a failed free is a leak).
+    """
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self._queue: queue.SimpleQueue[tuple[str, Callable[[], Any]] | None] = queue.SimpleQueue()
+        self.failures: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="accy-cuda-janitor", daemon=True)
+        self._thread.start()
+
+    def submit(self, what: str, work: Callable[[], Any]) -> None:
+        self._queue.put((what, work))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        driver().cuCtxSetCurrent(self._context)
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            what, work = item
+            try:
+                result = work()
+            except Exception as exc:  # noqa: BLE001 - recorded and reported at close
+                self.failures.append(f"{what}: {exc}")
+                continue
+            if isinstance(result, tuple) and result and int(result[0]):
+                self.failures.append(f"{what}: {translate(result[0], what)}")
+
+
+class _CudaRead(PendingRead):
+    __slots__ = ("_backend", "_capacity", "_done", "_error", "_host", "_latch", "_size")
+
+    def __init__(self, backend: CudaBackend, host: int, capacity: int, size: int) -> None:
+        from ..waiting import CompletionLatch
+
+        self._backend = backend
+        self._host = host
+        self._capacity = capacity
+        self._size = size
+        self._latch = CompletionLatch()
+        self._done = False
+
+    @property
+    def latch(self) -> Any:
+        return self._latch
+
+    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
+        return self._latch.register(callback)
+
+    def result(self) -> memoryview:
+        data = memoryview(ctypes.string_at(self._host, self._size))
+        self.discard()
+        return data
+
+    def discard(self) -> None:
+        if not self._done:
+            self._done = True
+            self._backend._staging.give_back(self._host, self._capacity)
+
+
+class CudaBackend(Backend):
+    """An NVIDIA GPU through cuda-python; see the module docstring."""
+
+    kind = "cuda"
+
+    def __init__(
+        self,
+        *,
+        device: int = 0,
+        limits: Limits | None = None,
+        completion: ReactorKind = "hostfunc",
+        poll_interval: float = 10e-6,
+    ) -> None:
+        super().__init__(limits=limits)
+        d = driver()
+        self._check(d.cuInit(0), "initialising the driver")
+        self._device = self._value(d.cuDeviceGet(device), f"opening device {device}")
+        raw = self._value(d.cuDeviceGetName(256, self._device), "reading the device name")
+        self._name = raw.split(b"\0", 1)[0].decode(errors="replace")
+        attribute = d.CUdevice_attribute
+        self._compute_capability = (
+            int(
+                self._value(
+                    d.cuDeviceGetAttribute(
+                        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._device
+                    ),
+                    "cc",
+                )
+            ),
+            int(
+                self._value(
+                    d.cuDeviceGetAttribute(
+                        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._device
+                    ),
+                    "cc",
+                )
+            ),
+        )
+        total = int(self._value(d.cuDeviceTotalMem(self._device), "reading the memory size"))
+        if limits is None:
+            self.limits = Limits(max_buffer_bytes=total, max_total_bytes=total)
+        self._context = self._value(
+            d.cuDevicePrimaryCtxRetain(self._device), "retaining the primary context"
+        )
+        self._check(d.cuCtxSetCurrent(self._context), "making the context current")
+        self._default_native = self._value(
+            d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
+        )
+        self._default_stream = StreamHandle(
+            self.backend_id, DEFAULT_STREAM_ID, self._default_native
+        )
+        self._marker_pool: list[Any] = []
+        self._marker_pool_lock = threading.Lock()
+        self._event_streams: dict[int, Any] = {}
+        self._janitor = _Janitor(self._context)
+        self._staging = _Staging(self._janitor)
+        self._reactor = CompletionReactor(
+            self._context, self.poison, kind=completion, poll_interval=poll_interval
+        )
+        self._success = d.CUresult.CUDA_SUCCESS
+        self._not_ready = d.CUresult.CUDA_ERROR_NOT_READY
+        self._launch_kernel = d.cuLaunchKernel
+
+    # ----- helpers -------------------------------------------------------------------------
+
+    def _check(self, result: Any, action: str) -> None:
+        code = result[0] if isinstance(result, tuple) else result
+        if int(code):
+            self._raise(code, action)
+
+    def _value(self, result: tuple[Any, ...], action: str) -> Any:
+        if int(result[0]):
+            self._raise(result[0], action)
+        return result[1]
+
+    def _raise(self, code: Any, action: str) -> None:
+        error = translate(code, action)
+        if isinstance(error, DeviceFault):
+            self.poison(error)
+        raise error
+
+    def _marker(self) -> Any:
+        """A pooled event for the backend's own completion markers."""
+        with self._marker_pool_lock:
+            if self._marker_pool:
+                return self._marker_pool.pop()
+        return self._create_event(0)
+
+    def _recycle_marker(self, native: Any) -> None:
+        with self._marker_pool_lock:
+            if len(self._marker_pool) < 1024:
+                self._marker_pool.append(native)
+                return
+        driver().cuEventDestroy(native)
+
+    # ----- what the backend is -------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The device's name and compute capability."""
+        major, minor = self._compute_capability
+        return f"{self._name} (sm_{major}{minor})"
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        """The device's ``(major, minor)`` compute capability."""
+        return self._compute_capability
+
+    @property
+    def formats(self) -> frozenset[ArtifactFormat]:
+        """CUDA source, PTX and cubin."""
+        return frozenset(
+            {ArtifactFormat.CUDA_SOURCE, ArtifactFormat.CUDA_PTX, ArtifactFormat.CUDA_CUBIN}
+        )
+
+    @property
+    def preferred_formats(self) -> tuple[ArtifactFormat, ...]:
+        """Cubin first (no JIT), then source (compiled for this device), then PTX."""
+        return (ArtifactFormat.CUDA_CUBIN, ArtifactFormat.CUDA_SOURCE, ArtifactFormat.CUDA_PTX)
+
+    @property
+    def default_stream(self) -> StreamHandle:
+        """A non-blocking stream of the backend's own (not the legacy NULL stream)."""
+        return self._default_stream
+
+    # ----- buffers -------------------------------------------------------------------------
+
+    def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
+        d = driver()
+        pointer = int(self._value(d.cuMemAlloc(byte_size), f"allocating {byte_size} bytes"))
+        if pointer % alignment:
+            self._janitor.submit("freeing a misaligned buffer", lambda: d.cuMemFree(pointer))
+            padded = int(
+                self._value(d.cuMemAlloc(byte_size + alignment), f"allocating {byte_size} bytes")
+            )
+            return _Allocation(padded, padded + (-padded) % alignment)
+        return _Allocation(pointer, pointer)
+
+    def _write(
+        self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
+    ) -> None:
+        size = data.nbytes
+        host, capacity = self._staging.take(size)
+        ctypes.memmove(host, np.frombuffer(data, dtype=np.uint8).ctypes.data, size)
+        d = driver()
+        self._check(
+            d.cuMemcpyHtoDAsync(buffer.native.address + offset, host, size, stream.native),
+            "copying to the device",
+        )
+        self._after(stream, lambda: self._staging.give_back(host, capacity))
+
+    def _enqueue_read(
+        self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
+    ) -> PendingRead:
+        host, capacity = self._staging.take(size)
+        d = driver()
+        try:
+            if size:
+                self._check(
+                    d.cuMemcpyDtoHAsync(host, buffer.native.address + offset, size, stream.native),
+                    "copying to the host",
+                )
+        except BaseException:
+            self._staging.give_back(host, capacity)
+            raise
+        read = _CudaRead(self, host, capacity, size)
+        self._notify_when_stream_complete(stream, read.latch)
+        return read
+
+    def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None:
+        if buffer.byte_size % 4:
+            raise UnsupportedOperation(
+                f"a 32-bit fill needs a size that is a multiple of 4, {buffer!r} has "
+                f"{buffer.byte_size} bytes"
+            )
+        d = driver()
+        self._check(
+            d.cuMemsetD32Async(
+                buffer.native.address, pattern, buffer.byte_size // 4, stream.native
+            ),
+            "filling a buffer",
+        )
+
+    def _after(self, stream: StreamHandle, action: Callable[[], None]) -> None:
+        """Run ``action`` (from the reactor thread) once the stream's work so far is done."""
+        self._notify_when_stream_complete(stream, lambda error: action())
+
+    # ----- artifacts -----------------------------------------------------------------------
+
+    async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact:
+        payload = spec.payload
+        if spec.format is ArtifactFormat.CUDA_SOURCE:
+            assert isinstance(payload, TextPayload)
+            compiled = await anyio.to_thread.run_sync(
+                compile_source,
+                payload.text,
+                spec.kernel_name,
+                spec.compile_options,
+                self._compute_capability,
+            )
+            return KernelArtifact(spec, compiled.image, compiled.kind)
+        if spec.format is ArtifactFormat.CUDA_PTX:
+            assert isinstance(payload, TextPayload)
+            return KernelArtifact(spec, payload.text.encode() + b"\0", "ptx")
+        assert isinstance(payload, BinaryPayload)
+        return KernelArtifact(spec, payload.data, "cubin")
+
+    async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
+        context = self._context
+        name = artifact.spec.kernel_name
+
+        def load() -> tuple[Any, Any]:
+            d = driver()
+            d.cuCtxSetCurrent(context)
+            result, module = d.cuModuleLoadData(artifact.image)
+            if int(result):
+                raise translate(result, f"loading {name} ({artifact.image_format})")
+            result, function = d.cuModuleGetFunction(module, name.encode())
+            if int(result):
+                d.cuModuleUnload(module)
+                raise InvalidArtifact(f"the module has no kernel named {name!r}")
+            return module, function
+
+        module, function = await anyio.to_thread.run_sync(load)
+        return _Kernel(module, function, artifact.spec.argument_count)
+
+    # ----- streams and events --------------------------------------------------------------
+
+    def _create_stream(self, object_id: int) -> Any:
+        d = driver()
+        return self._value(
+            d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
+        )
+
+    def _create_event(self, object_id: int) -> Any:
+        d = driver()
+        return self._value(
+            d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING), "creating an event"
+        )
+
+    def _record(self, event: EventHandle, stream: StreamHandle) -> None:
+        self._check(driver().cuEventRecord(event.native, stream.native), "recording an event")
+        self._event_streams[event.id] = stream.native
+
+    def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
+        self._check(
+            driver().cuStreamWaitEvent(stream.native, event.native, 0), "waiting for an event"
+        )
+
+    # ----- launch --------------------------------------------------------------------------
+
+    def _launch(
+        self,
+        loaded: LoadedArtifact,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+        diagnostic_id: str | None,
+    ) -> None:
+        native_stream = stream.native
+        if wait_events:
+            for event in wait_events:
+                self._wait(stream, event)
+        kernel: _Kernel = loaded.native
+        types = tuple([argument.type_name for argument in scalars])
+        kernel.packer(len(buffers), types).pack_into(
+            kernel.slots,
+            0,
+            *[binding.handle.native.address + binding.offset for binding in buffers],
+            *[argument.value for argument in scalars],
+        )
+        (result,) = self._launch_kernel(
+            kernel.function,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared_memory_bytes,
+            native_stream,
+            kernel.params,
+            0,
+        )
+        if result:
+            self._raise(result, f"launching {loaded.artifact.spec.kernel_name}")
+        if signal_event is not None:
+            self._record(signal_event, stream)
+
+    # ----- completion ----------------------------------------------------------------------
+
+    def _query_event(self, event: EventHandle) -> bool:
+        (result,) = driver().cuEventQuery(event.native)
+        if result == self._success:
+            return True
+        if result == self._not_ready:
+            return False
+        self._raise(result, "querying an event")
+        return False
+
+    def _query_stream(self, stream: StreamHandle) -> bool:
+        (result,) = driver().cuStreamQuery(stream.native)
+        if result == self._success:
+            return True
+        if result == self._not_ready:
+            return False
+        self._raise(result, "querying a stream")
+        return False
+
+    def _notify_when_complete(
+        self, event: EventHandle, callback: CompletionCallback
+    ) -> CompletionRegistration:
+        stream = self._event_streams.get(event.id)
+        if stream is None:  # never recorded: complete
+            callback(None)
+            return ALREADY_FIRED
+        return self._reactor.watch(event.native, stream, callback)
+
+    def _notify_when_stream_complete(
+        self, stream: StreamHandle, callback: CompletionCallback
+    ) -> CompletionRegistration:
+        marker = self._marker()
+        self._check(driver().cuEventRecord(marker, stream.native), "recording a marker")
+        return self._reactor.watch(
+            marker, stream.native, callback, on_done=lambda: self._recycle_marker(marker)
+        )
+
+    # ----- destruction ---------------------------------------------------------------------
+
+    def _destroy(self, obj: DeviceObject) -> None:
+        d = driver()
+        if isinstance(obj, BufferHandle):
+            pointer = obj.native.base
+            self._janitor.submit(f"freeing {obj!r}", lambda: d.cuMemFree(pointer))
+        elif isinstance(obj, LoadedArtifact):
+            module = obj.native.module
+            self._janitor.submit(f"unloading {obj!r}", lambda: d.cuModuleUnload(module))
+        elif isinstance(obj, EventHandle):
+            # Safe while the event is pending: the driver releases it once it completes.
+            self._event_streams.pop(obj.id, None)
+            d.cuEventDestroy(obj.native)
+        elif isinstance(obj, StreamHandle):
+            self._reactor.forget_stream(obj.native)
+            d.cuStreamDestroy(obj.native)
+
+    async def _drain(self) -> None:
+        if self._fault is not None:
+            return
+        context = self._context
+
+        def synchronize() -> None:
+            d = driver()
+            d.cuCtxSetCurrent(context)
+            d.cuCtxSynchronize()
+
+        await anyio.to_thread.run_sync(synchronize)
+
+    def _close(self) -> None:
+        d = driver()
+        self._reactor.close()
+        self._janitor.close()
+        if self._janitor.failures:
+            warnings.warn(
+                f"accy-async: {len(self._janitor.failures)} CUDA releases failed: "
+                f"{self._janitor.failures[:4]}",
+                ResourceWarning,
+                stacklevel=3,
+            )
+        self._staging.release_all()
+        d.cuStreamDestroy(self._default_native)
+        with self._marker_pool_lock:
+            markers, self._marker_pool = self._marker_pool, []
+        for marker in markers:
+            d.cuEventDestroy(marker)
+        d.cuDevicePrimaryCtxRelease(self._device)
+
+    def _on_poisoned(self, fault: DeviceFault) -> None:
+        self._reactor.fail_all(fault)
+
+
+class _Allocation:
+    """A device allocation: ``base`` to free, ``address`` (aligned) to use."""
+
+    __slots__ = ("address", "base")
+
+    def __init__(self, base: int, address: int) -> None:
+        self.base = base
+        self.address = address
+
+    def __int__(self) -> int:
+        return self.address
+
+    def __repr__(self) -> str:
+        return f"<device allocation 0x{self.address:x}>"

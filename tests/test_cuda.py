@@ -1,0 +1,215 @@
+"""What only a GPU can show: NVRTC, PTX and cubin payloads, faults, scale. ``-m gpu``."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+import numpy as np
+import pytest
+
+import accy_async as accy
+from accy_async import library
+from accy_async import plan as p
+from accy_async.pipeline import PipelineLaunch, launch_pipeline
+
+from .conftest import needs_gpu
+from .kernels import KERNELS, grid_for, spec
+
+pytestmark = [pytest.mark.gpu, needs_gpu]
+
+
+@pytest.fixture
+async def cuda() -> AsyncIterator[accy.Backend]:
+    async with accy.open_backend("cuda") as backend:
+        yield backend
+
+
+async def test_auto_picks_cuda_here() -> None:
+    kind, reason = accy.auto_backend_choice()
+    assert kind == "cuda", reason
+    async with accy.open_backend("auto") as backend:
+        assert backend.kind == "cuda"
+
+
+async def test_nvrtc_errors_carry_the_compile_log(cuda: accy.Backend) -> None:
+    broken = p.ArtifactSpec(
+        kernel_name="broken",
+        format=p.ArtifactFormat.CUDA_SOURCE,
+        payload=p.TextPayload('extern "C" __global__ void broken() { x; }'),
+        argument_count=0,
+    )
+    with pytest.raises(accy.CompilationError) as caught:
+        await cuda.create_artifact(broken)
+    assert 'identifier "x" is undefined' in caught.value.log
+
+
+async def test_ptx_and_cubin_payloads_load_and_run(cuda: accy.Backend) -> None:
+    from accy_async.backends.nvrtc import compile_source
+
+    assert isinstance(cuda, accy.backends.cuda.CudaBackend)
+    major, minor = cuda.compute_capability
+    source = KERNELS["iota_f32"][2]
+    cubin = compile_source(source, "iota_f32", (), (major, minor))
+    assert cubin.kind == "cubin"
+    from accy_async.backends import nvrtc as nvrtc_module
+
+    ptx = nvrtc_module._compile(source, "iota_f32", (), f"-arch=compute_{major}{minor}", "ptx")
+    n = 1000
+    for fmt, payload in (
+        (p.ArtifactFormat.CUDA_CUBIN, p.BinaryPayload(cubin.image)),
+        (p.ArtifactFormat.CUDA_PTX, p.TextPayload(ptx.image.decode().rstrip("\0"))),
+    ):
+        loaded = await cuda.load_artifact(
+            await cuda.create_artifact(spec(cuda, "iota_f32", format=fmt, payload=payload))
+        )
+        out = cuda.allocate_buffer(4 * n)
+        grid, block = grid_for(n)
+        cuda.launch(loaded, [out.bind()], [p.U32(n), p.F32(2.0)], grid, block)
+        got = await accy.download(cuda, out, np.float32, n)
+        np.testing.assert_array_equal(got, 2.0 + np.arange(n, dtype=np.float32))
+        cuda.destroy_all([loaded, out])
+
+
+async def test_a_missing_kernel_name_is_an_invalid_artifact(cuda: accy.Backend) -> None:
+    with pytest.raises(accy.InvalidArtifact, match="no kernel named"):
+        await cuda.load_artifact(
+            await cuda.create_artifact(spec(cuda, "iota_f32", kernel_name="not_there"))
+        )
+
+
+async def test_prefix_sum_of_a_hundred_million(cuda: accy.Backend) -> None:
+    n = 10**8
+    values = np.random.default_rng(3).integers(-1000, 1000, n, dtype=np.int32)
+    document = library.load_builtin("prefix_sum_i32")
+    source = accy.upload(cuda, values)
+    result = cuda.allocate_buffer(4 * n)
+    await launch_pipeline(
+        cuda,
+        PipelineLaunch(
+            pipeline=document.pipeline,
+            registry=document.registry,
+            format=p.ArtifactFormat.CUDA_SOURCE,
+            operands=[source.bind("read_only")],
+            results=[result.bind()],
+            runtime_scalar_arguments=(p.U32(n),),
+        ),
+    )
+    got = await accy.download(cuda, result, np.int32, n)
+    np.testing.assert_array_equal(got, np.cumsum(values, dtype=np.int32))
+    cuda.destroy_all([source, result])
+
+
+async def test_ten_thousand_concurrent_waits_keep_the_loop_free(cuda: accy.Backend) -> None:
+    slow = await cuda.load_artifact(await cuda.create_artifact(spec(cuda, "slow_fill_f32")))
+    buffer = cuda.allocate_buffer(64)
+    streams = [cuda.create_stream() for _ in range(4)]
+    events = [cuda.create_event() for _ in range(10_000)]
+    for stream in streams:
+        cuda.launch(
+            slow,
+            [buffer.bind()],
+            [p.U32(1), p.F32(1), p.U64(300_000_000)],
+            (1, 1, 1),
+            (1, 1, 1),
+            stream=stream,
+        )
+    for index, event in enumerate(events):
+        cuda.record_event(event, streams[index % 4])
+    completed = 0
+    worst = 0.0
+    done = anyio.Event()
+
+    async def waiter(event: accy.EventHandle) -> None:
+        nonlocal completed
+        await accy.wait_event(cuda, event)
+        completed += 1
+        if completed == len(events):
+            done.set()
+
+    async def heartbeat() -> None:
+        nonlocal worst
+        while True:
+            start = time.perf_counter()
+            await anyio.sleep(0.001)
+            worst = max(worst, time.perf_counter() - start - 0.001)
+
+    gc.collect()
+    gc.freeze()
+    try:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                for event in events:
+                    group.start_soon(waiter, event)
+                await anyio.sleep(0.01)
+                assert completed == 0
+                async with anyio.create_task_group() as beat:
+                    beat.start_soon(heartbeat)
+                    await done.wait()
+                    beat.cancel_scope.cancel()
+    finally:
+        gc.unfreeze()
+    assert completed == 10_000
+    assert worst < 0.010, f"worst heartbeat lag {worst * 1e3:.1f} ms"
+    cuda.destroy_all([slow, buffer, *streams, *events])
+
+
+FAULT_SCRIPT = textwrap.dedent("""
+    import anyio, sys, time
+    sys.path.insert(0, {root!r})
+    import accy_async as accy
+    from tests.kernels import spec
+
+    async def main():
+        async with accy.open_backend("cuda") as backend:
+            bad = await backend.load_artifact(await backend.create_artifact(
+                spec(backend, "out_of_bounds")))
+            slow = await backend.load_artifact(await backend.create_artifact(
+                spec(backend, "slow_fill_f32")))
+            buffer = backend.allocate_buffer(64)
+            other = backend.create_stream()
+            backend.launch(slow, [buffer.bind()], [accy.U32(1), accy.F32(1),
+                           accy.U64(200_000_000)], (1, 1, 1), (1, 1, 1), stream=other)
+            backend.launch(bad, [buffer.bind()], [], (1, 1, 1), (1, 1, 1))
+            failures = 0
+            async def waiter(wait):
+                nonlocal failures
+                try:
+                    await wait
+                except accy.DeviceFault:
+                    failures += 1
+            start = time.perf_counter()
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(waiter, accy.wait_stream(backend))
+                    group.start_soon(waiter, accy.wait_stream(backend, other))
+            refused = False
+            try:
+                backend.allocate_buffer(16)
+            except accy.DeviceFault:
+                refused = True
+            print("FAILURES", failures, "REFUSED", refused,
+                  "SECONDS", round(time.perf_counter() - start, 3))
+    anyio.run(main)
+""")
+
+
+def test_an_out_of_bounds_kernel_is_a_device_fault_without_a_hang() -> None:
+    if os.environ.get("ACCY_UNDER_SANITIZER"):
+        pytest.skip("the planted fault would be reported by the sanitizer")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    completed = subprocess.run(
+        [sys.executable, "-c", FAULT_SCRIPT.format(root=root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), root])},
+    )
+    assert "FAILURES 2 REFUSED True" in completed.stdout, completed.stdout + completed.stderr
