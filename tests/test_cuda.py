@@ -210,6 +210,11 @@ def test_an_out_of_bounds_kernel_is_a_device_fault_without_a_hang() -> None:
         text=True,
         timeout=120,
         check=False,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), root])},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [os.path.join(root, "src"), root, os.environ.get("PYTHONPATH", "")]
+            ),
+        },
     )
     assert "FAILURES 2 REFUSED True" in completed.stdout, completed.stdout + completed.stderr

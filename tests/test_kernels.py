@@ -522,6 +522,7 @@ async def test_fills_and_count_modes_produce_the_right_bytes(
                 element_count_argument="scalar_u32",
                 element_count_argument_value=5,
                 static_arguments=(p.U32(3),),
+                launch_resources=geometry(16),
             ),
             planned(
                 backend,
@@ -532,6 +533,7 @@ async def test_fills_and_count_modes_produce_the_right_bytes(
                 output_fill_pattern=0x11111111,
                 element_count_argument="device_buffer_u32",
                 static_arguments=(p.U32(4),),
+                launch_resources=geometry(16),
             ),
         ),
     )

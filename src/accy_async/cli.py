@@ -4,6 +4,7 @@
 ``run``       a pipeline plan file (or a built-in plan's name) on generated or .npy operands
 ``validate``  every error of plan files, each with its path
 ``schema``    the JSON Schema of plan files
+``bench``     launch cost and completion latency on the GPU, beside their anchors
 """
 
 from __future__ import annotations
@@ -348,12 +349,22 @@ def parser() -> argparse.ArgumentParser:
 
     schema_cmd = commands.add_parser("schema", help="print the JSON Schema of plan files")
     schema_cmd.add_argument("--output", help="write it to this file")
+
+    bench_cmd = commands.add_parser(
+        "bench", help="GPU launch cost and completion latency", add_help=False
+    )
+    bench_cmd.add_argument("bench_arguments", nargs=argparse.REMAINDER)
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:
+        from .bench import main as bench_main
+
+        return bench_main(arguments[1:])
+    args = parser().parse_args(arguments)
     try:
         if args.command == "demo":
             return anyio.run(demo, args)

@@ -25,6 +25,7 @@ from .backends.base import (
     BufferBinding,
     EventHandle,
     LoadedArtifact,
+    StageLauncher,
     StreamHandle,
 )
 from .errors import (
@@ -121,6 +122,8 @@ class PreparedLaunch:
     fills: tuple[tuple[BufferBinding, int, int], ...]
     """``(binding, pattern, slot byte size)`` to fill before each launch."""
     diagnostic_id: str | None
+    launcher: StageLauncher
+    """The backend's bound launcher of ``loaded``, for trusted (pre-checked) launches."""
 
 
 async def load_kernels(backend: Backend, artifact_plan: ArtifactPlan) -> LoadedKernels:
@@ -165,6 +168,7 @@ class LoadedKernels:
         self._slot_sizes: dict[int, int | None] = {
             slot.slot_id: slot.byte_size for slot in artifact_plan.slots
         }
+        self._launchers = tuple(backend.stage_launcher(each) for each in self.loaded)
 
     @property
     def kernel_count(self) -> int:
@@ -319,6 +323,7 @@ class LoadedKernels:
             shared_memory_bytes=shared,
             fills=tuple(fills),
             diagnostic_id=planned.artifact.diagnostic_id,
+            launcher=self._launchers[kernel_index],
         )
 
     def enqueue(
@@ -342,8 +347,7 @@ class LoadedKernels:
                 _fill(backend, binding, pattern, byte_size, stream)
         self._streams_used.add(stream)
         if trusted:
-            backend.launch_trusted(
-                prepared.loaded,
+            prepared.launcher(
                 prepared.buffers,
                 prepared.scalars,
                 prepared.grid,
@@ -352,7 +356,6 @@ class LoadedKernels:
                 stream,
                 wait_events,
                 signal_event,
-                prepared.diagnostic_id,
             )
             return
         backend.launch(
@@ -370,15 +373,9 @@ class LoadedKernels:
 
     def check_live(self, prepared: PreparedLaunch) -> None:
         """Raise :class:`InvalidBuffer` unless every buffer of ``prepared`` is live here."""
-        backend = self.backend
-        if not backend.owns(prepared.loaded):
+        if not self.backend.owns(prepared.loaded):
             raise InvalidArtifact(f"{prepared.loaded!r} is not loaded on this backend")
-        for binding in prepared.buffers:
-            handle = binding.handle
-            if not backend.owns(handle):
-                raise InvalidBuffer(f"{handle!r} is not a live buffer of this backend")
-            if binding.offset < 0 or binding.offset + binding.byte_size > handle.byte_size:
-                raise InvalidBuffer(f"{binding!r} is outside its buffer")
+        self.backend.check_bindings(prepared.buffers, "$.buffers")
 
     # ----- measurement ---------------------------------------------------------------------
 

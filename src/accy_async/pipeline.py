@@ -38,6 +38,7 @@ from .backends.base import (
     BufferHandle,
     KernelArtifact,
     LoadedArtifact,
+    StageLauncher,
     StreamHandle,
 )
 from .errors import (
@@ -111,8 +112,41 @@ class PipelineArtifactPool:
         self.version = pipeline.version
         self.format = format
         self.entries: tuple[PoolEntry, ...] = tuple(entries)
+        self.launchers: tuple[StageLauncher, ...] = tuple(
+            backend.stage_launcher(entry.loaded) for entry in self.entries
+        )
         self.streams_used: set[StreamHandle | None] = set()
         self.closed = False
+        self._accepted: set[tuple[int, ArtifactFormat]] = set()
+
+    def accept(self, backend: Backend, program: _Program, format: ArtifactFormat) -> None:
+        """Check that the pool fits a launch of ``program`` in ``format`` on ``backend``.
+
+        Raises :class:`LaunchArgumentMismatch` when it is closed, from another
+        backend, or loaded for another stage count, version, format or target.
+        """
+        if self.closed:
+            raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
+        if self.backend is not backend:
+            raise LaunchArgumentMismatch(
+                "the artifact pool was loaded on another backend", path="$.artifacts"
+            )
+        key = (id(program), format)
+        if key in self._accepted:
+            return
+        pipeline = program.pipeline
+        for what, have, want in (
+            ("stages", len(self.entries), len(pipeline.stages)),
+            ("version", self.version, pipeline.version),
+            ("format", self.format, format),
+            ("target", self.target, pipeline.target),
+        ):
+            if have != want:
+                raise LaunchArgumentMismatch(
+                    f"the artifact pool's {what} is {have!r}, the launch needs {want!r}",
+                    path="$.artifacts",
+                )
+        self._accepted.add(key)
 
     async def aclose(self) -> None:
         """Wait for the launches that used the pool, then unload every stage."""
@@ -395,32 +429,48 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         program = _program(pipeline, pool.registry, pool.format)
     else:
         program = _program(pipeline, request.registry, request.format)
-    if len(request.operands) != pipeline.operand_count:
+    operands, results, provided = request.operands, request.results, request.intermediates
+    if len(operands) != pipeline.operand_count:
         raise LaunchArgumentMismatch(
             f"pipeline {pipeline.target!r} takes {pipeline.operand_count} operands, "
-            f"got {len(request.operands)}",
+            f"got {len(operands)}",
             path="$.operands",
         )
-    if len(request.results) != pipeline.result_count:
+    if len(results) != pipeline.result_count:
         raise LaunchArgumentMismatch(
             f"pipeline {pipeline.target!r} takes {pipeline.result_count} results, "
-            f"got {len(request.results)}",
+            f"got {len(results)}",
             path="$.results",
         )
     resolved = _resolve(program, request.runtime_scalar_arguments)
     if pool is not None:
-        _check_pool(pool, backend, program, request.format)
-    if request.stream is not None and not backend.owns(request.stream):
-        raise InvalidBuffer(
-            f"{request.stream!r} is not a live stream of this backend", path="$.stream"
-        )
-    _check_buffers(backend, request.operands, "operands")
-    _check_buffers(backend, request.results, "results")
-    provided = request.intermediates
+        pool.accept(backend, program, request.format)
+    stream = request.stream
+    if stream is not None and not backend.owns(stream):
+        raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")
+    backend.check_bindings(operands, "$.operands")
+    backend.check_bindings(results, "$.results")
     if provided is not None:
         _check_intermediates(backend, provided, resolved.intermediate_sizes, request)
 
-    stream = request.stream
+    if pool is not None and provided is not None:
+        # The caller owns everything: enqueue the stages and return without waiting.
+        pool.streams_used.add(stream)
+        if isinstance(provided, PipelineIntermediates):
+            provided.streams_used.add(stream)
+        sources = (operands, results, provided)
+        for launcher, refs, stage_scalars, (grid, block, shared) in zip(
+            pool.launchers, program.refs, resolved.stage_scalars, resolved.geometry, strict=True
+        ):
+            launcher(
+                [sources[source][index] for source, index in refs],
+                stage_scalars,
+                grid,
+                block,
+                shared,
+                stream,
+            )
+        return
     owned: list[BufferHandle | LoadedArtifact] = []
     try:
         if provided is None:
@@ -430,23 +480,22 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             owned.extend(binding.handle for binding in intermediates)
         else:
             intermediates = provided
-        sources = (request.operands, request.results, intermediates)
+            if isinstance(provided, PipelineIntermediates):
+                provided.streams_used.add(stream)
+        sources = (operands, results, intermediates)
         if pool is not None:
             pool.streams_used.add(stream)
-            for stage_index, pool_entry in enumerate(pool.entries):
-                _launch_stage(
-                    backend, pool_entry.loaded, program, resolved, stage_index, sources, request
-                )
+            for stage_index, launcher in enumerate(pool.launchers):
+                _launch_stage(launcher, program, resolved, stage_index, sources, stream)
         else:
             for stage_index, entry in enumerate(program.entries):
                 artifact = await backend.create_artifact(entry.artifact_spec(request.diagnostic_id))
                 loaded = await backend.load_artifact(artifact)
                 owned.append(loaded)
-                _launch_stage(backend, loaded, program, resolved, stage_index, sources, request)
-        if isinstance(provided, PipelineIntermediates):
-            provided.streams_used.add(stream)
-        if owned:
-            await wait_stream(backend, stream)
+                _launch_stage(
+                    backend.stage_launcher(loaded), program, resolved, stage_index, sources, stream
+                )
+        await wait_stream(backend, stream)
     except BaseException:
         await release_when_idle(backend, owned, [stream])
         raise
@@ -454,66 +503,23 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
 
 
 def _launch_stage(
-    backend: Backend,
-    loaded: LoadedArtifact,
+    launcher: StageLauncher,
     program: _Program,
     resolved: _Resolved,
     stage_index: int,
     sources: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]],
-    request: PipelineLaunch,
+    stream: StreamHandle | None,
 ) -> None:
-    buffers = [sources[source][index] for source, index in program.refs[stage_index]]
-    grid, block, shared = resolved.geometry[stage_index]
     # Every buffer, the stream and the stage's counts were checked before the first launch.
-    backend.launch_trusted(
-        loaded,
-        buffers,
+    grid, block, shared = resolved.geometry[stage_index]
+    launcher(
+        [sources[source][index] for source, index in program.refs[stage_index]],
         resolved.stage_scalars[stage_index],
         grid,
         block,
         shared,
-        request.stream,
-        (),
-        None,
-        request.diagnostic_id,
+        stream,
     )
-
-
-def _check_pool(
-    pool: PipelineArtifactPool, backend: Backend, program: _Program, format: ArtifactFormat
-) -> None:
-    pipeline = program.pipeline
-    if pool.closed:
-        raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
-    if pool.backend is not backend:
-        raise LaunchArgumentMismatch(
-            "the artifact pool was loaded on another backend", path="$.artifacts"
-        )
-    for what, have, want in (
-        ("stages", len(pool.entries), len(pipeline.stages)),
-        ("version", pool.version, pipeline.version),
-        ("format", pool.format, format),
-        ("target", pool.target, pipeline.target),
-    ):
-        if have != want:
-            raise LaunchArgumentMismatch(
-                f"the artifact pool's {what} is {have!r}, the launch needs {want!r}",
-                path="$.artifacts",
-            )
-
-
-def _check_buffers(backend: Backend, bindings: Sequence[BufferBinding], what: str) -> None:
-    for index, binding in enumerate(bindings):
-        handle = binding.handle
-        if not backend.owns(handle):
-            raise InvalidBuffer(
-                f"{handle!r} is not a live buffer of this backend", path=f"$.{what}[{index}]"
-            )
-        if binding.offset < 0 or binding.offset + binding.byte_size > handle.byte_size:
-            raise InvalidBuffer(
-                f"{binding!r} is outside its buffer of {handle.byte_size} bytes",
-                path=f"$.{what}[{index}]",
-            )
 
 
 def _check_intermediates(
@@ -522,6 +528,7 @@ def _check_intermediates(
     sizes: Sequence[int],
     request: PipelineLaunch,
 ) -> None:
+    """Count, liveness, size, and that no scratch buffer aliases another or an operand."""
     if len(provided) != len(sizes):
         raise LaunchArgumentMismatch(
             f"the pipeline has {len(sizes)} intermediates, {len(provided)} were given",
@@ -529,21 +536,27 @@ def _check_intermediates(
         )
     if isinstance(provided, PipelineIntermediates) and provided.closed:
         raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
-    _check_buffers(backend, provided, "intermediates")
+    backend.check_bindings(provided, "$.intermediates")
     for index, (binding, size) in enumerate(zip(provided, sizes, strict=True)):
-        path = f"$.intermediates[{index}]"
         if binding.byte_size < size:
             raise LaunchArgumentMismatch(
                 f"intermediate {index} has {binding.byte_size} bytes, the launch needs {size}",
-                path=path,
+                path=f"$.intermediates[{index}]",
             )
+    scratch = {id(binding.handle) for binding in provided}
+    others = {id(binding.handle) for binding in request.operands}
+    others.update(id(binding.handle) for binding in request.results)
+    if len(scratch) == len(provided) and scratch.isdisjoint(others):
+        return
+    for index, binding in enumerate(provided):  # find the first alias, to name it
+        path = f"$.intermediates[{index}]"
         for other_index, other in enumerate(provided[:index]):
             if binding.aliases(other):
                 raise LaunchArgumentMismatch(
                     f"intermediate {index} aliases intermediate {other_index}", path=path
                 )
-        for what, others in (("operand", request.operands), ("result", request.results)):
-            for other_index, other in enumerate(others):
+        for what, bindings in (("operand", request.operands), ("result", request.results)):
+            for other_index, other in enumerate(bindings):
                 if binding.aliases(other):
                     raise LaunchArgumentMismatch(
                         f"intermediate {index} aliases {what} {other_index}", path=path

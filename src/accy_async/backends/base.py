@@ -23,7 +23,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, TypeAlias
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias
 
 from ..errors import (
     AccyError,
@@ -54,6 +54,7 @@ __all__ = [
     "LoadedArtifact",
     "Ownership",
     "PendingRead",
+    "StageLauncher",
     "StreamHandle",
 ]
 
@@ -97,7 +98,7 @@ class DeviceObject:
 class BufferHandle(DeviceObject):
     """A buffer of ``byte_size`` bytes; ``native`` is the backend's own (pointer, array)."""
 
-    __slots__ = ("byte_size", "dtype", "ownership")
+    __slots__ = ("address", "byte_size", "dtype", "ownership")
     kind = "buffer"
 
     def __init__(
@@ -109,11 +110,14 @@ class BufferHandle(DeviceObject):
         *,
         ownership: Ownership = Ownership.BACKEND,
         dtype: DType | None = None,
+        address: int = 0,
     ) -> None:
         super().__init__(backend_id, object_id, native)
         self.byte_size = byte_size
         self.ownership = ownership
         self.dtype = dtype
+        self.address = address
+        """Where the buffer starts in the backend's address space (a device pointer on CUDA)."""
 
     def bind(
         self, access: Access = "read_write", *, offset: int = 0, byte_size: int | None = None
@@ -176,9 +180,13 @@ class KernelArtifact:
 
 
 class BufferBinding:
-    """A buffer (or a byte range of it) bound to a launch argument with an access mode."""
+    """A buffer (or a byte range of it) bound to a launch argument with an access mode.
 
-    __slots__ = ("access", "byte_size", "handle", "offset")
+    ``address`` is where the bound range starts (the handle's address plus
+    ``offset``), as a kernel receives it.
+    """
+
+    __slots__ = ("access", "address", "byte_size", "handle", "offset")
 
     def __init__(
         self,
@@ -191,6 +199,7 @@ class BufferBinding:
         self.handle = handle
         self.access: Access = access
         self.offset = offset
+        self.address = handle.address + offset
         self.byte_size = handle.byte_size - offset if byte_size is None else byte_size
 
     def with_access(self, access: Access) -> BufferBinding:
@@ -253,6 +262,23 @@ class PendingRead(abc.ABC):
     @abc.abstractmethod
     def discard(self) -> None:
         """Give up on the read (after an error or cancellation); releases what it holds."""
+
+
+class StageLauncher(Protocol):
+    """What :meth:`Backend.stage_launcher` returns."""
+
+    def __call__(
+        self,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle | None,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+    ) -> None:
+        """Enqueue one launch of the bound kernel."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +371,24 @@ class Backend(abc.ABC):
         """Whether ``obj`` is a live object of this backend."""
         return obj.backend_id == self.backend_id and self._live.get(obj.id) is obj
 
+    def check_bindings(self, bindings: Sequence[BufferBinding], path: str = "$") -> None:
+        """Raise :class:`InvalidBuffer` unless each binding is a live buffer of this backend.
+
+        Each must also lie inside its buffer; the error's path is ``path[index]``.
+        """
+        live = self._live
+        for index, binding in enumerate(bindings):
+            handle = binding.handle
+            if live.get(handle.id) is not handle or handle.backend_id != self.backend_id:
+                raise InvalidBuffer(
+                    f"{handle!r} is not a live buffer of this backend", path=f"{path}[{index}]"
+                )
+            if binding.offset < 0 or binding.offset + binding.byte_size > handle.byte_size:
+                raise InvalidBuffer(
+                    f"{binding!r} is outside its buffer of {handle.byte_size} bytes",
+                    path=f"{path}[{index}]",
+                )
+
     def live_streams(self) -> list[StreamHandle]:
         """The default stream and every stream created and not destroyed."""
         streams = [self.default_stream]
@@ -383,7 +427,14 @@ class Backend(abc.ABC):
             )
         object_id = next(self._ids)
         native = self._allocate(object_id, byte_size, alignment)
-        handle = BufferHandle(self.backend_id, object_id, native, byte_size, dtype=dtype)
+        handle = BufferHandle(
+            self.backend_id,
+            object_id,
+            native,
+            byte_size,
+            dtype=dtype,
+            address=self._buffer_address(native),
+        )
         self._live[object_id] = handle
         self._live_bytes += byte_size
         return handle
@@ -584,6 +635,44 @@ class Backend(abc.ABC):
             diagnostic_id,
         )
 
+    def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
+        """A callable that launches ``loaded`` without per-launch checks.
+
+        The fastest way to launch one kernel many times (a pipeline stage, a
+        graph node): the caller checks its buffers and counts once, then calls
+        ``launcher(buffers, scalars, grid, block, shared_memory_bytes, stream)``
+        (with optional ``wait_events`` and ``signal_event``). Pass the same
+        ``scalars`` object again when the scalars have not changed: backends
+        may cache what they derive from it. A closed or faulted backend still
+        refuses.
+        """
+        launch_trusted = self.launch_trusted
+
+        def launcher(
+            buffers: Sequence[BufferBinding],
+            scalars: Sequence[ScalarArgument],
+            grid: tuple[int, int, int],
+            block: tuple[int, int, int],
+            shared_memory_bytes: int,
+            stream: StreamHandle | None,
+            wait_events: Sequence[EventHandle] = (),
+            signal_event: EventHandle | None = None,
+        ) -> None:
+            launch_trusted(
+                loaded,
+                buffers,
+                scalars,
+                grid,
+                block,
+                shared_memory_bytes,
+                stream,
+                wait_events,
+                signal_event,
+                loaded.artifact.spec.diagnostic_id,
+            )
+
+        return launcher
+
     # ----- completion ----------------------------------------------------------------------
 
     def query_event(self, event: EventHandle) -> bool:
@@ -758,7 +847,12 @@ class Backend(abc.ABC):
         self._check_usable()
         object_id = next(self._ids)
         handle = BufferHandle(
-            self.backend_id, object_id, native, byte_size, ownership=Ownership.EXTERNAL
+            self.backend_id,
+            object_id,
+            native,
+            byte_size,
+            ownership=Ownership.EXTERNAL,
+            address=self._buffer_address(native) if native is not None else 0,
         )
         self._live[object_id] = handle
         self._live_bytes += byte_size
@@ -886,6 +980,11 @@ class Backend(abc.ABC):
     def _on_poisoned(self, fault: DeviceFault) -> None:
         """Fail every pending completion callback with ``fault``; backends override."""
         del fault
+
+    def _buffer_address(self, native: Any) -> int:
+        """The address a kernel sees for a buffer's ``native`` object (0 if none)."""
+        del native
+        return 0
 
 
 MAX_BUFFERS_PER_LAUNCH: Final = MAX_LAUNCH_ARGUMENTS

@@ -47,7 +47,7 @@ from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel
 __all__ = ["CpuBackend"]
 
 _STOP: Final = object()
-_YIELD_EVERY: Final = 32
+_YIELD_EVERY: Final = 8
 
 
 class _Completion(CompletionRegistration):
@@ -217,6 +217,10 @@ class CpuBackend(Backend):
             raise OutOfDeviceMemory(f"cannot allocate {byte_size} bytes of host memory") from exc
         shift = (-raw.ctypes.data) % alignment
         return raw[shift : shift + byte_size]
+
+    def _buffer_address(self, native: Any) -> int:
+        address: int = native.ctypes.data
+        return address
 
     def _write(
         self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle

@@ -49,6 +49,7 @@ from .base import (
     Limits,
     LoadedArtifact,
     PendingRead,
+    StageLauncher,
     StreamHandle,
 )
 from .cuda_driver import driver, probe_cuda, translate
@@ -211,7 +212,7 @@ class CudaBackend(Backend):
         *,
         device: int = 0,
         limits: Limits | None = None,
-        completion: ReactorKind = "hostfunc",
+        completion: ReactorKind = "sync",
         poll_interval: float = 10e-6,
     ) -> None:
         super().__init__(limits=limits)
@@ -259,6 +260,10 @@ class CudaBackend(Backend):
         self._staging = _Staging(self._janitor)
         self._reactor = CompletionReactor(
             self._context, self.poison, kind=completion, poll_interval=poll_interval
+        )
+        flags = d.CUevent_flags
+        self._event_flags = flags.CU_EVENT_DISABLE_TIMING | (
+            flags.CU_EVENT_BLOCKING_SYNC if completion == "sync" else 0
         )
         self._success = d.CUresult.CUDA_SUCCESS
         self._not_ready = d.CUresult.CUDA_ERROR_NOT_READY
@@ -339,6 +344,10 @@ class CudaBackend(Backend):
             return _Allocation(padded, padded + (-padded) % alignment)
         return _Allocation(pointer, pointer)
 
+    def _buffer_address(self, native: Any) -> int:
+        address: int = native.address
+        return address
+
     def _write(
         self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
     ) -> None:
@@ -347,7 +356,7 @@ class CudaBackend(Backend):
         ctypes.memmove(host, np.frombuffer(data, dtype=np.uint8).ctypes.data, size)
         d = driver()
         self._check(
-            d.cuMemcpyHtoDAsync(buffer.native.address + offset, host, size, stream.native),
+            d.cuMemcpyHtoDAsync(buffer.address + offset, host, size, stream.native),
             "copying to the device",
         )
         self._after(stream, lambda: self._staging.give_back(host, capacity))
@@ -360,7 +369,7 @@ class CudaBackend(Backend):
         try:
             if size:
                 self._check(
-                    d.cuMemcpyDtoHAsync(host, buffer.native.address + offset, size, stream.native),
+                    d.cuMemcpyDtoHAsync(host, buffer.address + offset, size, stream.native),
                     "copying to the host",
                 )
         except BaseException:
@@ -465,16 +474,14 @@ class CudaBackend(Backend):
         signal_event: EventHandle | None,
         diagnostic_id: str | None,
     ) -> None:
-        native_stream = stream.native
         if wait_events:
             for event in wait_events:
                 self._wait(stream, event)
         kernel: _Kernel = loaded.native
-        types = tuple([argument.type_name for argument in scalars])
-        kernel.packer(len(buffers), types).pack_into(
+        kernel.packer(len(buffers), tuple([argument.type_name for argument in scalars])).pack_into(
             kernel.slots,
             0,
-            *[binding.handle.native.address + binding.offset for binding in buffers],
+            *[binding.address for binding in buffers],
             *[argument.value for argument in scalars],
         )
         (result,) = self._launch_kernel(
@@ -486,7 +493,7 @@ class CudaBackend(Backend):
             block[1],
             block[2],
             shared_memory_bytes,
-            native_stream,
+            stream.native,
             kernel.params,
             0,
         )
@@ -494,6 +501,63 @@ class CudaBackend(Backend):
             self._raise(result, f"launching {loaded.artifact.spec.kernel_name}")
         if signal_event is not None:
             self._record(signal_event, stream)
+
+    def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
+        """A launcher with the kernel's argument array, packer and driver call bound once.
+
+        It remembers the last ``scalars`` object it saw, so a stage launched
+        again with the same resolved scalars only packs the buffer addresses.
+        """
+        kernel: _Kernel = loaded.native
+        slots, params, function = kernel.slots, kernel.params, kernel.function
+        launch_kernel = self._launch_kernel
+        default_stream = self._default_stream
+        name = loaded.artifact.spec.kernel_name
+        state: list[Any] = [None, (), None]  # scalars seen last, their values, the packer
+
+        def launcher(
+            buffers: Sequence[BufferBinding],
+            scalars: Sequence[ScalarArgument],
+            grid: tuple[int, int, int],
+            block: tuple[int, int, int],
+            shared_memory_bytes: int,
+            stream: StreamHandle | None,
+            wait_events: Sequence[EventHandle] = (),
+            signal_event: EventHandle | None = None,
+        ) -> None:
+            if self._unusable is not None:
+                self._raise_unusable()
+            if stream is None:
+                stream = default_stream
+            if wait_events:
+                for event in wait_events:
+                    self._wait(stream, event)
+            if scalars is not state[0]:
+                state[0] = scalars
+                state[1] = tuple([argument.value for argument in scalars])
+                state[2] = kernel.packer(
+                    len(buffers), tuple([argument.type_name for argument in scalars])
+                )
+            state[2].pack_into(slots, 0, *[binding.address for binding in buffers], *state[1])
+            (result,) = launch_kernel(
+                function,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_memory_bytes,
+                stream.native,
+                params,
+                0,
+            )
+            if result:
+                self._raise(result, f"launching {name}")
+            if signal_event is not None:
+                self._record(signal_event, stream)
+
+        return launcher
 
     # ----- completion ----------------------------------------------------------------------
 
@@ -548,7 +612,6 @@ class CudaBackend(Backend):
             self._event_streams.pop(obj.id, None)
             d.cuEventDestroy(obj.native)
         elif isinstance(obj, StreamHandle):
-            self._reactor.forget_stream(obj.native)
             d.cuStreamDestroy(obj.native)
 
     async def _drain(self) -> None:

@@ -1,31 +1,33 @@
-"""The CUDA backend's completion reactor: one thread that turns finished events into callbacks.
+"""The CUDA backend's completion reactor: threads that turn finished events into callbacks.
 
-Two ways of noticing completion, chosen when the backend opens:
+Events of one stream complete in the order they were recorded, so the reactor
+keeps, per stream, a queue of watched events and only ever waits for the
+oldest. Two ways of waiting, chosen when the backend opens:
 
-``"hostfunc"`` (default)
-    Each watched event gets, on a *watcher stream* paired with the stream it
-    was recorded on, a device-side wait on the event followed by a host
-    function that is plain C ``sem_post`` (launched through ``libcuda`` with
-    ctypes, so the driver's callback thread never needs the GIL). The reactor
-    thread sleeps in ``sem_timedwait`` (the GIL released), wakes when the
-    driver posts, and queries only the oldest pending event of each stream:
-    events of one stream complete in order. No CPU is spent while nothing
-    completes, the source streams never stall behind a host function, and a
-    timed wake-up every few milliseconds notices sticky faults, after which
-    host functions no longer run.
+``"sync"`` (default)
+    A waiter thread per stream with pending watches blocks in
+    ``cuEventSynchronize`` on the oldest one; the backend creates its events
+    with ``CU_EVENT_BLOCKING_SYNC``, so the thread sleeps (GIL released) until
+    the driver's interrupt wakes it: no CPU is spent while kernels run, and a
+    sticky fault ends the wait at once with its error. A thread exits after a
+    second without work, so threads follow the streams in use, never the
+    number of waits.
 
 ``"poll"``
-    The reactor thread queries the oldest pending event of each stream every
-    ``poll_interval`` seconds (sleeping with the thread's timer slack cut to
-    a nanosecond), for drivers where host functions are slow.
+    One thread queries the oldest event of every stream every
+    ``poll_interval`` seconds (with the thread's timer slack cut so that short
+    sleeps are short). Lower latency for very short kernels, at the price of
+    CPU time.
 
-Either way completions are handed to :mod:`accy_async.waiting`, which wakes
-the awaiting tasks with one thread-safe call per event loop.
+Measured on an H200 (``benchmarks/results/``): a host function per wait
+(``cuLaunchHostFunc``) was slower than both, and queueing one per wait on a
+stalled stream blocks the caller once the driver's queue fills, so it is not
+offered. Completions go to :mod:`accy_async.waiting`, which wakes the awaiting
+tasks with one thread-safe call per event loop.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from collections import deque
@@ -34,18 +36,14 @@ from typing import Any, Final, Literal, TypeAlias
 
 from ..errors import AccyError, DeviceFault
 from .base import ALREADY_FIRED, CompletionCallback, CompletionRegistration
-from .cuda_driver import driver, libc, libcuda, translate
+from .cuda_driver import driver, libc, translate
 
 __all__ = ["CompletionReactor", "ReactorKind"]
 
-ReactorKind: TypeAlias = Literal["hostfunc", "poll"]
+ReactorKind: TypeAlias = Literal["sync", "poll"]
 
-_FAULT_CHECK_SECONDS: Final = 0.005
+_IDLE_EXIT_SECONDS: Final = 1.0
 _PR_SET_TIMERSLACK: Final = 29
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
 
 
 class _Watch:
@@ -61,15 +59,15 @@ class _Watch:
 
 
 class _Registration(CompletionRegistration):
-    __slots__ = ("_callback", "_reactor", "_watch")
+    __slots__ = ("_callback", "_lock", "_watch")
 
-    def __init__(self, reactor: CompletionReactor, watch: _Watch, callback: Any) -> None:
-        self._reactor = reactor
+    def __init__(self, lock: threading.Lock, watch: _Watch, callback: Any) -> None:
+        self._lock = lock
         self._watch = watch
         self._callback = callback
 
     def cancel(self) -> bool:
-        with self._reactor.lock:
+        with self._lock:
             try:
                 self._watch.callbacks.remove(self._callback)
             except ValueError:
@@ -80,9 +78,9 @@ class _Registration(CompletionRegistration):
 class CompletionReactor:
     """Watches CUDA events for one backend and fires their callbacks when they complete.
 
-    ``context`` is made current on the reactor thread; ``on_fault`` is called
-    (from the reactor thread) with the :class:`DeviceFault` of a sticky error,
-    after which every pending and later watch fails with it.
+    ``context`` is made current on the reactor's threads; ``on_fault`` is
+    called (from a reactor thread) with the :class:`DeviceFault` of a sticky
+    error, after which every pending and later watch fails with it.
     """
 
     def __init__(
@@ -90,7 +88,7 @@ class CompletionReactor:
         context: Any,
         on_fault: Callable[[DeviceFault], None],
         *,
-        kind: ReactorKind = "hostfunc",
+        kind: ReactorKind = "sync",
         poll_interval: float = 10e-6,
     ) -> None:
         self.kind = kind
@@ -99,22 +97,10 @@ class CompletionReactor:
         self._on_fault = on_fault
         self._poll_interval = poll_interval
         self._pending: dict[int, deque[_Watch]] = {}
-        self._watchers: dict[int, Any] = {}
+        self._threads: dict[int, threading.Thread] = {}
         self._fault: AccyError | None = None
         self._stopping = False
         self._work = threading.Condition(self.lock)
-        self._libc = libc()
-        self._semaphore = ctypes.create_string_buffer(64)
-        if self._libc.sem_init(self._semaphore, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "sem_init failed")
-        self._sem_post = ctypes.cast(self._libc.sem_post, ctypes.c_void_p).value
-        self._sem_address = ctypes.addressof(self._semaphore)
-        self._libc.sem_timedwait.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Timespec)]
-        self._libc.sem_trywait.argtypes = [ctypes.c_void_p]
-        self._thread = threading.Thread(
-            target=self._run, name="accy-cuda-completion-reactor", daemon=True
-        )
-        self._thread.start()
 
     # ----- called from the backend's thread ------------------------------------------------
 
@@ -142,23 +128,18 @@ class CompletionReactor:
                 if queue is None:
                     queue = self._pending[key] = deque()
                 queue.append(watch)
-                self._work.notify()
+                if self.kind == "sync":
+                    if key not in self._threads:
+                        self._start(key, self._run_stream, queue)
+                elif not self._threads:
+                    self._start(0, self._run_poll, None)
+                self._work.notify_all()
         if fault is not None:
             callback(fault)
+            if on_done is not None:
+                on_done()
             return ALREADY_FIRED
-        if self.kind == "hostfunc":
-            self._enqueue_host_function(key, stream, event)
-        return _Registration(self, watch, callback)
-
-    def forget_stream(self, stream: Any) -> None:
-        """The source stream is being destroyed: destroy its watcher stream too.
-
-        Work already queued on the watcher still runs (``cuStreamDestroy``
-        releases a stream once its work is done).
-        """
-        watcher = self._watchers.pop(int(stream), None)
-        if watcher is not None:
-            driver().cuStreamDestroy(watcher)
+        return _Registration(self.lock, watch, callback)
 
     def fail_all(self, error: AccyError) -> None:
         """Fail every pending watch (and every later one) with ``error``."""
@@ -166,95 +147,99 @@ class CompletionReactor:
             if self._fault is None:
                 self._fault = error
             pending = [watch for queue in self._pending.values() for watch in queue]
-            self._pending.clear()
-            self._work.notify()
+            for queue in self._pending.values():
+                queue.clear()
+            self._work.notify_all()
         self._fire(pending, error)
-        self._libc.sem_post(self._semaphore)
 
     def close(self) -> None:
-        """Stop the reactor thread and destroy the watcher streams."""
+        """Stop the reactor's threads (after the backend drained its work)."""
         with self.lock:
             self._stopping = True
-            self._work.notify()
-        self._libc.sem_post(self._semaphore)
-        self._thread.join(timeout=5)
-        d = driver()
-        for watcher in self._watchers.values():
-            d.cuStreamDestroy(watcher)
-        self._watchers.clear()
-        self._libc.sem_destroy(self._semaphore)
+            self._work.notify_all()
+            threads = list(self._threads.values())
+        for thread in threads:
+            thread.join(timeout=5)
 
-    def _enqueue_host_function(self, key: int, stream: Any, event: Any) -> None:
-        d = driver()
-        watcher = self._watchers.get(key)
-        if watcher is None:
-            result, watcher = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
-            if int(result):
-                raise translate(result, "creating a watcher stream")
-            self._watchers[key] = watcher
-        (result,) = d.cuStreamWaitEvent(watcher, event, 0)
-        if int(result):
-            raise translate(result, "watching an event")
-        code = libcuda().cuLaunchHostFunc(int(watcher), self._sem_post, self._sem_address)
-        if code:
-            raise translate(d.CUresult(code), "launching the completion host function")
+    def _start(self, key: int, target: Callable[..., None], queue: Any) -> None:
+        """Start a reactor thread; the caller holds the lock."""
+        thread = threading.Thread(
+            target=target, args=(key, queue), name=f"accy-cuda-reactor-{key:x}", daemon=True
+        )
+        self._threads[key] = thread
+        thread.start()
 
-    # ----- the reactor thread --------------------------------------------------------------
+    # ----- the reactor threads -------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run_stream(self, key: int, queue: deque[_Watch]) -> None:
+        """Wait, in ``cuEventSynchronize``, for one stream's watches in order."""
         d = driver()
         d.cuCtxSetCurrent(self._context)
-        if self.kind == "poll":
-            # Short sleeps are only short with the timer slack (50 us by default) cut.
-            self._libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
         while True:
             with self.lock:
-                while not self._pending and not self._stopping:
-                    self._work.wait()
+                deadline = time.monotonic() + _IDLE_EXIT_SECONDS
+                while not queue and not self._stopping:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        del self._threads[key]
+                        if self._pending.get(key) is queue:
+                            del self._pending[key]
+                        return
+                    self._work.wait(remaining)
                 if self._stopping:
                     return
-            if self.kind == "hostfunc":
-                self._wait_for_post(_FAULT_CHECK_SECONDS)
-            completed, fault = self._sweep(d)
+                watch = queue[0]
+            (result,) = d.cuEventSynchronize(watch.event)
+            error = translate(result, "waiting for an event") if int(result) else None
+            with self.lock:
+                if queue and queue[0] is watch:
+                    queue.popleft()
+            self._fire([watch], error)
+            if isinstance(error, DeviceFault):
+                self._on_fault(error)
+                self.fail_all(error)
+
+    def _run_poll(self, key: int, queue: None) -> None:
+        """Query the oldest watch of every stream, sleeping briefly between sweeps."""
+        del key, queue
+        d = driver()
+        d.cuCtxSetCurrent(self._context)
+        libc().prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+        not_ready = d.CUresult.CUDA_ERROR_NOT_READY
+        query = d.cuEventQuery
+        sleep = time.sleep
+        interval = self._poll_interval
+        while True:
+            with self.lock:
+                while not any(self._pending.values()) and not self._stopping:
+                    self._work.wait()
+                if self._stopping:
+                    del self._threads[0]
+                    return
+                queues = list(self._pending.values())
+            completed: list[_Watch] = []
+            fault: DeviceFault | None = None
+            for queue_of_stream in queues:
+                while queue_of_stream:
+                    watch = queue_of_stream[0]
+                    (result,) = query(watch.event)
+                    if result == not_ready:
+                        break
+                    queue_of_stream.popleft()
+                    if int(result):
+                        error = translate(result, "waiting for an event")
+                        if isinstance(error, DeviceFault):
+                            fault = error
+                        self._fire([watch], error)
+                        continue
+                    completed.append(watch)
             if completed:
                 self._fire(completed, None)
             if fault is not None:
                 self._on_fault(fault)
                 self.fail_all(fault)
-            elif not completed and self.kind == "poll":
-                time.sleep(self._poll_interval)
-
-    def _wait_for_post(self, seconds: float) -> None:
-        deadline = time.time() + seconds
-        timeout = _Timespec(int(deadline), int((deadline % 1) * 1e9))
-        self._libc.sem_timedwait(self._semaphore, ctypes.byref(timeout))
-        while self._libc.sem_trywait(self._semaphore) == 0:  # coalesce further posts
-            pass
-
-    def _sweep(self, d: Any) -> tuple[list[_Watch], DeviceFault | None]:
-        """Pop every completed watch at the head of each stream's queue."""
-        completed: list[_Watch] = []
-        not_ready = d.CUresult.CUDA_ERROR_NOT_READY
-        with self.lock:
-            queues = list(self._pending.items())
-        for key, queue in queues:
-            while queue:
-                (result,) = d.cuEventQuery(queue[0].event)
-                if result == not_ready:
-                    break
-                if int(result):
-                    error = translate(result, "waiting for an event")
-                    if isinstance(error, DeviceFault):
-                        return completed, error
-                    watch = queue.popleft()
-                    self._fire([watch], error)
-                    continue
-                completed.append(queue.popleft())
-            if not queue:
-                with self.lock:
-                    if not queue and self._pending.get(key) is queue:
-                        del self._pending[key]
-        return completed, None
+            elif not completed:
+                sleep(interval)
 
     def _fire(self, watches: list[_Watch], error: AccyError | None) -> None:
         for watch in watches:

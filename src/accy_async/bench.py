@@ -1,0 +1,716 @@
+"""``accy-async bench``: launch cost and completion latency on the GPU, beside their anchors.
+
+Everything is measured in one run, on one device, so ratios are meaningful:
+
+* **launch cost**, host microseconds per kernel launch: raw ``cuLaunchKernel``
+  with a pre-packed ``void*`` array (the anchor) and with a ``(values, types)``
+  tuple; cuda.core, CuPy and PyTorch when they are installed; accy-async's
+  ``backend.launch``, one stage of ``await launch_pipeline`` (pool and
+  intermediates given) and one node of ``launch_graph``;
+* **completion latency**, microseconds from a kernel's end (its last
+  ``%globaltimer`` reading, written to mapped host memory) until the awaiting
+  code runs, for 100 µs and 2 ms kernels: blocking ``cuEventSynchronize``,
+  polling loops, a Python host-function callback, ``to_thread``, and
+  accy-async's ``wait_event`` on asyncio, uvloop and trio with each reactor;
+  with the worst lag of a 1 ms heartbeat and the process CPU used per second
+  of waiting.
+
+The GPU and host clocks are related by timing, from the host, how long a
+kernel's stamp takes to appear in mapped memory (its minimum is taken as the
+offset), so the latencies include no launch time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from .backends.cuda_driver import driver
+
+__all__ = ["main", "run_benchmarks"]
+
+KERNELS = r"""
+extern "C" __global__ void empty(float* out, const float* in, unsigned n) {}
+
+extern "C" __global__ void spin_then_stamp(unsigned long long ns,
+                                            volatile unsigned long long* stamp) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    now = start;
+    while (now - start < ns) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    *stamp = now;
+    __threadfence_system();
+}
+"""
+
+BATCH = 256
+
+
+def _ok(result: Any, action: str) -> Any:
+    code = result[0] if isinstance(result, tuple) else result
+    if int(code):
+        raise RuntimeError(f"{action} failed: {code}")
+    if isinstance(result, tuple) and len(result) == 2:
+        return result[1]
+    return None
+
+
+class Rig:
+    """A raw driver set-up for the anchors: context, stream, module, mapped stamp."""
+
+    def __init__(self) -> None:
+        from .backends.nvrtc import compile_source
+
+        d = driver()
+        _ok(d.cuInit(0), "cuInit")
+        self.device = _ok(d.cuDeviceGet(0), "cuDeviceGet")
+        self.context = _ok(d.cuDevicePrimaryCtxRetain(self.device), "retain")
+        _ok(d.cuCtxSetCurrent(self.context), "set current")
+        attribute = d.CUdevice_attribute
+        major = _ok(
+            d.cuDeviceGetAttribute(
+                attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device
+            ),
+            "cc",
+        )
+        minor = _ok(
+            d.cuDeviceGetAttribute(
+                attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device
+            ),
+            "cc",
+        )
+        self.cc = (int(major), int(minor))
+        self.image = compile_source(KERNELS, "bench", (), self.cc)
+        self.module = _ok(d.cuModuleLoadData(self.image.image), "load")
+        self.empty = _ok(d.cuModuleGetFunction(self.module, b"empty"), "empty")
+        self.spin = _ok(d.cuModuleGetFunction(self.module, b"spin_then_stamp"), "spin")
+        self.stream = _ok(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "stream")
+        self.a = int(_ok(d.cuMemAlloc(1024), "alloc"))
+        self.b = int(_ok(d.cuMemAlloc(1024), "alloc"))
+        flags = d.CU_MEMHOSTALLOC_DEVICEMAP if hasattr(d, "CU_MEMHOSTALLOC_DEVICEMAP") else 2
+        self.stamp_host = int(_ok(d.cuMemHostAlloc(8, flags), "host alloc"))
+        self.stamp_device = int(_ok(d.cuMemHostGetDevicePointer(self.stamp_host, 0), "map"))
+        self.stamp = ctypes.c_uint64.from_address(self.stamp_host)
+        # Pre-packed arguments of `empty`.
+        self.slots = (ctypes.c_uint64 * 3)(self.a, self.b, 0)
+        base = ctypes.addressof(self.slots)
+        self.pointers = (ctypes.c_void_p * 3)(base, base + 8, base + 16)
+        self.params = ctypes.addressof(self.pointers)
+        # Arguments of `spin_then_stamp`.
+        self.spin_slots = (ctypes.c_uint64 * 2)(0, self.stamp_device)
+        spin_base = ctypes.addressof(self.spin_slots)
+        self.spin_pointers = (ctypes.c_void_p * 2)(spin_base, spin_base + 8)
+        self.spin_params = ctypes.addressof(self.spin_pointers)
+        self.clock_offset = 0
+
+    def sync(self) -> None:
+        _ok(driver().cuStreamSynchronize(self.stream), "sync")
+
+    def launch_spin(self, ns: int, stream: Any = None) -> None:
+        self.stamp.value = 0
+        self.spin_slots[0] = ns
+        d = driver()
+        (result,) = d.cuLaunchKernel(
+            self.spin,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream if stream is not None else self.stream,
+            self.spin_params,
+            0,
+        )
+        if int(result):
+            raise RuntimeError(f"launch failed: {result}")
+
+    def calibrate(self, trials: int = 200) -> int:
+        """Host minus GPU clock, plus the least time a stamp takes to reach the host.
+
+        A zero-length kernel writes its ``%globaltimer`` to mapped memory while
+        the host spins reading it; the smallest (host time seen - stamp) over
+        ``trials`` is the offset. A spinning host sees the stamp within a
+        microsecond or two, so latencies measured against it are, if anything,
+        that much too short.
+        """
+        offsets = []
+        for _ in range(trials):
+            self.launch_spin(0)
+            while self.stamp.value == 0:
+                pass
+            seen = time.time_ns()
+            offsets.append(seen - self.stamp.value)
+            self.sync()
+        self.clock_offset = min(offsets)
+        return self.clock_offset
+
+    def latency_us(self, resumed_ns: int) -> float:
+        return (resumed_ns - self.stamp.value - self.clock_offset) / 1e3
+
+    def close(self) -> None:
+        d = driver()
+        d.cuStreamSynchronize(self.stream)
+        d.cuMemFree(self.a)
+        d.cuMemFree(self.b)
+        d.cuMemFreeHost(self.stamp_host)
+        d.cuModuleUnload(self.module)
+        d.cuStreamDestroy(self.stream)
+        d.cuDevicePrimaryCtxRelease(self.device)
+
+
+# ----- launch cost -------------------------------------------------------------------------
+
+
+def _per_call_us(run_batch: Callable[[], None], sync: Callable[[], None], repeat: int) -> float:
+    run_batch()
+    sync()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run_batch()
+        samples.append((time.perf_counter() - start) / BATCH * 1e6)
+        sync()
+    return statistics.median(samples)
+
+
+async def _per_call_us_async(
+    run_batch: Callable[[], Awaitable[None]], sync: Callable[[], Awaitable[None]], repeat: int
+) -> float:
+    await run_batch()
+    await sync()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        await run_batch()
+        samples.append((time.perf_counter() - start) / BATCH * 1e6)
+        await sync()
+    return statistics.median(samples)
+
+
+def launch_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
+    d = driver()
+    rows: dict[str, Any] = {}
+    launch = d.cuLaunchKernel
+    function, stream, params = rig.empty, rig.stream, rig.params
+
+    def prepacked() -> None:
+        for _ in range(BATCH):
+            launch(function, 1, 1, 1, 32, 1, 1, 0, stream, params, 0)
+
+    rows["cuLaunchKernel, pre-packed void* array"] = _per_call_us(prepacked, rig.sync, repeat)
+    types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)
+
+    def tupled() -> None:
+        for _ in range(BATCH):
+            launch(function, 1, 1, 1, 32, 1, 1, 0, stream, ((rig.a, rig.b, 0), types), 0)
+
+    rows["cuLaunchKernel, ((values), (types)) tuple"] = _per_call_us(tupled, rig.sync, repeat)
+    rows.update(_optional_anchors(rig, repeat))
+    return rows
+
+
+def _optional_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    try:
+        from cuda.core import Device, LaunchConfig, ObjectCode, launch
+
+        device = Device(0)
+        device.set_current()
+        core_stream = device.create_stream()
+        kernel = ObjectCode.from_cubin(rig.image.image).get_kernel("empty")
+        config = LaunchConfig(grid=1, block=32)
+        import numpy as np
+
+        a, b = rig.a, rig.b
+        n = np.uint32(0)
+
+        def core() -> None:
+            for _ in range(BATCH):
+                launch(core_stream, config, kernel, a, b, n)
+
+        rows["cuda.core launch"] = _per_call_us(core, core_stream.sync, repeat)
+    except Exception as exc:  # noqa: BLE001 - an anchor that cannot run is reported
+        rows["cuda.core launch"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
+        import cupy
+        import numpy as np
+
+        raw = cupy.RawKernel(KERNELS, "empty")
+        x = cupy.zeros(8, dtype=cupy.float32)
+        cupy_stream = cupy.cuda.Stream(non_blocking=True)
+        n32 = np.uint32(0)
+
+        def cupy_calls() -> None:
+            with cupy_stream:
+                for _ in range(BATCH):
+                    raw((1,), (32,), (x, x, n32))
+
+        rows["CuPy RawKernel call"] = _per_call_us(cupy_calls, cupy_stream.synchronize, repeat)
+    except Exception as exc:  # noqa: BLE001
+        rows["CuPy RawKernel call"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
+        import torch
+
+        t = torch.zeros(8, device="cuda")
+
+        def torch_calls() -> None:
+            for _ in range(BATCH):
+                t.add_(1)
+
+        rows["PyTorch x.add_(1)"] = _per_call_us(torch_calls, torch.cuda.synchronize, repeat)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                t.add_(1)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            for _ in range(100):
+                t.add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize()
+            samples.append((time.perf_counter() - start) / 100 * 1e6)
+        rows["CUDA graph replay, per node (PyTorch, 100 nodes, GPU time included)"] = (
+            statistics.median(samples)
+        )
+    except Exception as exc:  # noqa: BLE001
+        rows["PyTorch x.add_(1)"] = f"unavailable: {type(exc).__name__}: {exc}"
+    return rows
+
+
+async def launch_accy(repeat: int) -> dict[str, Any]:
+    """accy-async's launch paths on its CUDA backend."""
+    from . import plan as p
+    from .backends import open_backend
+    from .graph import launch_graph
+    from .kernels import SlotBinding, load_kernels
+    from .pipeline import (
+        PipelineLaunch,
+        allocate_pipeline_intermediates,
+        launch_pipeline,
+        load_pipeline_artifacts,
+    )
+    from .waiting import wait_stream
+
+    rows: dict[str, Any] = {}
+    empty = p.TextPayload(KERNELS)
+    async with open_backend("cuda") as backend:
+        spec = p.ArtifactSpec(
+            kernel_name="empty",
+            format=p.ArtifactFormat.CUDA_SOURCE,
+            payload=empty,
+            argument_count=3,
+            scalar_argument_count=1,
+        )
+        loaded = await backend.load_artifact(await backend.create_artifact(spec))
+        a, b = backend.allocate_buffer(1024), backend.allocate_buffer(1024)
+        buffers = [a.bind(), b.bind("read_only")]
+        scalars = [p.U32(0)]
+        stream = backend.create_stream()
+
+        async def sync() -> None:
+            await wait_stream(backend, stream)
+
+        async def checked() -> None:
+            for _ in range(BATCH):
+                backend.launch(loaded, buffers, scalars, (1, 1, 1), (32, 1, 1), stream=stream)
+
+        rows["accy backend.launch (checked)"] = await _per_call_us_async(checked, sync, repeat)
+
+        entry = p.RegistryEntry(
+            target="bench.empty",
+            version=1,
+            format=p.ArtifactFormat.CUDA_SOURCE,
+            entry_name="empty",
+            argument_count=3,
+            runtime_scalar_argument_count=1,
+            payload=empty,
+            launch=p.FixedLaunch(geometry=p.LaunchGeometry(block=(32, 1, 1))),
+        )
+        registry = p.KernelCallRegistry(entries=(entry,))
+        pipeline = p.KernelCallPipeline(
+            target="bench.three_stages",
+            version=1,
+            operand_count=1,
+            result_count=1,
+            runtime_scalar_argument_count=1,
+            intermediates=(p.PipelineIntermediate(dtype=p.DType.F32, extent=p.Fixed(256)),),
+            stages=(
+                p.PipelineStage(
+                    target="bench.empty",
+                    version=1,
+                    buffers=(p.Intermediate(0), p.Operand(0)),
+                    scalars=(p.Forward(argument_index=0),),
+                ),
+                p.PipelineStage(
+                    target="bench.empty",
+                    version=1,
+                    buffers=(p.Result(0), p.Intermediate(0)),
+                    scalars=(p.Forward(argument_index=0),),
+                ),
+                p.PipelineStage(
+                    target="bench.empty",
+                    version=1,
+                    buffers=(p.Result(0), p.Operand(0)),
+                    scalars=(p.Forward(argument_index=0),),
+                ),
+            ),
+        )
+        arguments = (p.U32(0),)
+        pool = await load_pipeline_artifacts(
+            backend, pipeline, registry, p.ArtifactFormat.CUDA_SOURCE
+        )
+        scratch = await allocate_pipeline_intermediates(backend, pipeline, arguments)
+        request = PipelineLaunch(
+            pipeline=pipeline,
+            registry=registry,
+            format=p.ArtifactFormat.CUDA_SOURCE,
+            operands=[b.bind("read_only")],
+            results=[a.bind()],
+            runtime_scalar_arguments=arguments,
+            intermediates=scratch,
+            artifacts=pool,
+            stream=stream,
+        )
+
+        async def pipelines() -> None:
+            for _ in range(BATCH // 3):
+                await launch_pipeline(backend, request)
+
+        per_call = await _per_call_us_async(pipelines, sync, repeat)
+        rows["accy await launch_pipeline, per stage (pool + intermediates)"] = (
+            per_call * BATCH / (BATCH // 3 * 3)
+        )
+
+        planned = p.PlannedKernel(
+            kernel_id=1,
+            work_item_id=1,
+            artifact=spec,
+            output_slot_id=1,
+            input_slot_ids=(2,),
+            runtime_scalar_argument_count=1,
+            runtime_scalar_defaults=(p.U32(0),),
+            launch_resources=p.LaunchResources(geometry=p.LaunchGeometry(block=(32, 1, 1))),
+        )
+        artifact_plan = p.ArtifactPlan(
+            slots=(p.Slot(slot_id=1), p.Slot(slot_id=2)), kernels=(planned,)
+        )
+        graph = p.LaunchGraphPlan(nodes=tuple(p.GraphNode(kernel_index=0) for _ in range(BATCH)))
+        kernels = await load_kernels(backend, artifact_plan)
+        slots = [SlotBinding(1, a.bind()), SlotBinding(2, b.bind())]
+
+        async def graph_nodes() -> None:
+            await launch_graph(kernels, slots, graph, default_stream=stream)
+
+        rows["accy launch_graph, per node (host order)"] = await _per_call_us_async(
+            graph_nodes, sync, repeat
+        )
+        await kernels.aclose()
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all([loaded, a, b, stream])
+    return rows
+
+
+# ----- completion latency ------------------------------------------------------------------
+
+
+class Heartbeat:
+    """Ticks every millisecond on the loop and remembers the worst lateness."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+
+    async def run(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await anyio.sleep(0.001)
+            self.worst = max(self.worst, time.perf_counter() - start - 0.001)
+
+
+async def _trials(
+    rig: Rig,
+    spin_ns: int,
+    trials: int,
+    launch_and_wait: Callable[[], Awaitable[None]],
+) -> dict[str, Any]:
+    heartbeat = Heartbeat()
+    latencies = []
+    cpu_start, wall_start = os.times(), time.perf_counter()
+    async with anyio.create_task_group() as group:
+        group.start_soon(heartbeat.run)
+        for _ in range(trials):
+            rig.calibrate(3)  # the GPU and host clocks drift apart: relate them per trial
+            await launch_and_wait()
+            resumed = time.time_ns()
+            latencies.append(rig.latency_us(resumed))
+            await anyio.sleep(0.0005)
+        group.cancel_scope.cancel()
+    cpu_end, wall = os.times(), time.perf_counter() - wall_start
+    cpu = (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system)
+    latencies.sort()
+    return {
+        "median_us": statistics.median(latencies),
+        "p90_us": latencies[int(len(latencies) * 0.9)],
+        "worst_heartbeat_lag_ms": heartbeat.worst * 1e3,
+        "cpu_cores": cpu / wall,
+    }
+
+
+async def latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
+    """Each way of waiting, on the event loop library running this coroutine."""
+    d = driver()
+    rows: dict[str, Any] = {}
+    event = _ok(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event")
+    not_ready = d.CUresult.CUDA_ERROR_NOT_READY
+
+    def launch() -> None:
+        rig.launch_spin(spin_ns)
+        _ok(d.cuEventRecord(event, rig.stream), "record")
+
+    if library == "asyncio":
+
+        async def blocking() -> None:
+            launch()
+            d.cuEventSynchronize(event)
+
+        rows["cuEventSynchronize on the loop thread"] = await _trials(
+            rig, spin_ns, trials, blocking
+        )
+
+        async def poll_yield() -> None:
+            launch()
+            while d.cuEventQuery(event)[0] == not_ready:
+                await anyio.lowlevel.checkpoint()
+
+        rows["poll cuEventQuery + sleep(0)"] = await _trials(rig, spin_ns, trials, poll_yield)
+
+        async def poll_backoff() -> None:
+            launch()
+            delay = 10e-6
+            while d.cuEventQuery(event)[0] == not_ready:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1e-3)
+
+        rows["poll with backoff 10 us -> 1 ms"] = await _trials(rig, spin_ns, trials, poll_backoff)
+
+        async def poll_ms() -> None:
+            launch()
+            while d.cuEventQuery(event)[0] == not_ready:  # noqa: ASYNC110 - the anchor
+                await anyio.sleep(1e-3)
+
+        rows["poll every 1 ms"] = await _trials(rig, spin_ns, trials, poll_ms)
+
+        async def to_thread() -> None:
+            launch()
+            await anyio.to_thread.run_sync(d.cuEventSynchronize, event)
+
+        rows["to_thread(cuEventSynchronize)"] = await _trials(rig, spin_ns, trials, to_thread)
+    if library in ("asyncio", "uvloop"):
+        host_function_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+        loop = asyncio.get_running_loop()
+        state: dict[str, asyncio.Future[None]] = {}
+
+        def python_callback(_: Any) -> None:
+            loop.call_soon_threadsafe(state["future"].set_result, None)
+
+        callback = host_function_type(python_callback)
+        function_pointer = d.CUhostFn(ctypes.cast(callback, ctypes.c_void_p).value)
+
+        async def host_function() -> None:
+            state["future"] = loop.create_future()
+            launch()
+            _ok(d.cuLaunchHostFunc(rig.stream, function_pointer, 0), "host func")
+            await state["future"]
+
+        rows[
+            f"cuLaunchHostFunc Python callback -> call_soon_threadsafe ({library})"
+        ] = await _trials(rig, spin_ns, trials, host_function)
+    rows.update(await _accy_rows(rig, spin_ns, trials, library))
+    d.cuEventDestroy(event)
+    return rows
+
+
+async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
+    from .backends.cuda import CudaBackend
+    from .backends.cuda_reactor import ReactorKind
+    from .waiting import wait_event
+
+    rows: dict[str, Any] = {}
+    reactors: tuple[tuple[str, ReactorKind, float], ...] = (
+        ("sync reactor", "sync", 0.0),
+        ("poll reactor 10 us", "poll", 10e-6),
+        ("poll reactor 25 us", "poll", 25e-6),
+    )
+    for label, kind, interval in reactors:
+        backend = CudaBackend(completion=kind, poll_interval=interval or 10e-6)
+        try:
+            stream = backend.create_stream()
+            event = backend.create_event()
+
+            async def accy_wait(
+                backend: CudaBackend = backend, stream: Any = stream, event: Any = event
+            ) -> None:
+                rig.launch_spin(spin_ns, stream.native)
+                backend.record_event(event, stream)
+                await wait_event(backend, event)
+
+            rows[f"accy wait_event, {label} ({library})"] = await _trials(
+                rig, spin_ns, trials, accy_wait
+            )
+            backend.destroy_all([event, stream])
+        finally:
+            await backend.aclose()
+    return rows
+
+
+def _run_latency(rig: Rig, library: str, spin_ns: int, trials: int) -> dict[str, Any]:
+    async def body() -> dict[str, Any]:
+        driver().cuCtxSetCurrent(rig.context)
+        return await latency_rows(rig, spin_ns, trials, library)
+
+    if library == "uvloop":
+        return anyio.run(body, backend="asyncio", backend_options={"use_uvloop": True})
+    return anyio.run(body, backend=library)
+
+
+def run_benchmarks(
+    repeat: int = 20,
+    trials_short: int = 200,
+    trials_long: int = 60,
+    libraries: tuple[str, ...] = ("asyncio", "uvloop", "trio"),
+) -> dict[str, Any]:
+    """Run every measurement; return the results as plain data."""
+    rig = Rig()
+    try:
+        result: dict[str, Any] = {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "device": _device_name(rig),
+            "versions": _versions(),
+            "clock_offset_ns": rig.calibrate(),
+        }
+        result["launch_us"] = launch_anchors(rig, repeat)
+        result["launch_us"].update(anyio.run(launch_accy, repeat))
+        result["latency"] = {}
+        for label, spin_ns, trials in (
+            ("100us", 100_000, trials_short),
+            ("2ms", 2_000_000, trials_long),
+        ):
+            rows: dict[str, Any] = {}
+            for library in libraries:
+                rows.update(_run_latency(rig, library, spin_ns, trials))
+            result["latency"][label] = rows
+        return result
+    finally:
+        rig.close()
+
+
+def _device_name(rig: Rig) -> str:
+    d = driver()
+    raw = _ok(d.cuDeviceGetName(256, rig.device), "name")
+    name = raw.split(b"\0", 1)[0].decode()
+    return f"{name} (sm_{rig.cc[0]}{rig.cc[1]})"
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    d = driver()
+    versions = {"driver": str(_ok(d.cuDriverGetVersion(), "driver version"))}
+    for name in (
+        "cuda-bindings",
+        "cuda-core",
+        "anyio",
+        "msgspec",
+        "numpy",
+        "trio",
+        "uvloop",
+        "cupy-cuda13x",
+        "torch",
+    ):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    from .backends.nvrtc import nvrtc_version
+
+    versions["nvrtc"] = ".".join(map(str, nvrtc_version()))
+    return versions
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The results as Markdown tables."""
+    anchor = result["launch_us"].get("cuLaunchKernel, pre-packed void* array")
+    lines = [
+        f"# accy-async on {result['device']}",
+        "",
+        f"{result['date']}; Python {result['python']}; "
+        + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+        "",
+        "## Launch cost (host µs per launch, median of batches of 256)",
+        "",
+        "| what | µs | x pre-packed cuLaunchKernel |",
+        "|---|---|---|",
+    ]
+    for name, value in result["launch_us"].items():
+        if isinstance(value, float) and anchor:
+            lines.append(f"| {name} | {value:.2f} | {value / anchor:.2f} |")
+        else:
+            lines.append(f"| {name} | {value} | |")
+    for label, rows in result["latency"].items():
+        lines += [
+            "",
+            f"## Completion latency, {label} kernel (µs from the kernel's end until the "
+            "waiter runs)",
+            "",
+            "| way of waiting | median µs | p90 µs | worst heartbeat lag ms | CPU cores |",
+            "|---|---|---|---|---|",
+        ]
+        for name, row in rows.items():
+            lines.append(
+                f"| {name} | {row['median_us']:.1f} | {row['p90_us']:.1f} | "
+                f"{row['worst_heartbeat_lag_ms']:.2f} | {row['cpu_cores']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks and write ``bench.json`` and ``bench.md`` to ``--out``."""
+    parser = argparse.ArgumentParser(prog="accy-async bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".", help="folder for bench.json and bench.md")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--trials-short", type=int, default=200)
+    parser.add_argument("--trials-long", type=int, default=60)
+    parser.add_argument("--libraries", nargs="+", default=["asyncio", "uvloop", "trio"])
+    args = parser.parse_args(argv)
+    result = run_benchmarks(args.repeat, args.trials_short, args.trials_long, tuple(args.libraries))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "bench.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
