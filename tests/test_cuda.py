@@ -111,11 +111,11 @@ async def test_ten_thousand_concurrent_waits_keep_the_loop_free(cuda: accy.Backe
     buffer = cuda.allocate_buffer(64)
     streams = [cuda.create_stream() for _ in range(4)]
     events = [cuda.create_event() for _ in range(10_000)]
-    for stream in streams:
+    for stream in streams:  # two seconds: long enough to park all 10,000 waiters first
         cuda.launch(
             slow,
             [buffer.bind()],
-            [p.U32(1), p.F32(1), p.U64(300_000_000)],
+            [p.U32(1), p.F32(1), p.U64(2_000_000_000)],
             (1, 1, 1),
             (1, 1, 1),
             stream=stream,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from .backends.base import (
     Access,
@@ -124,6 +124,8 @@ class PreparedLaunch:
     diagnostic_id: str | None
     launcher: StageLauncher
     """The backend's bound launcher of ``loaded``, for trusted (pre-checked) launches."""
+    arguments: Any
+    """``buffers`` and ``scalars`` as ``launcher.prepare`` packed them."""
 
 
 async def load_kernels(backend: Backend, artifact_plan: ArtifactPlan) -> LoadedKernels:
@@ -314,6 +316,7 @@ class LoadedKernels:
         else:
             geometry = planned.candidate_geometry(tuning)
             grid, block, shared = geometry.grid, geometry.block, geometry.shared_memory_bytes
+        launcher = self._launchers[kernel_index]
         return PreparedLaunch(
             loaded=self.loaded[kernel_index],
             buffers=tuple(buffers),
@@ -323,7 +326,8 @@ class LoadedKernels:
             shared_memory_bytes=shared,
             fills=tuple(fills),
             diagnostic_id=planned.artifact.diagnostic_id,
-            launcher=self._launchers[kernel_index],
+            launcher=launcher,
+            arguments=launcher.prepare(buffers, scalars),
         )
 
     def enqueue(
@@ -347,9 +351,8 @@ class LoadedKernels:
                 _fill(backend, binding, pattern, byte_size, stream)
         self._streams_used.add(stream)
         if trusted:
-            prepared.launcher(
-                prepared.buffers,
-                prepared.scalars,
+            prepared.launcher.launch_prepared(
+                prepared.arguments,
                 prepared.grid,
                 prepared.block,
                 prepared.shared_memory_bytes,

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, overload
+from typing import Any, Final, overload
 
 from .backends.base import (
     Backend,
@@ -118,6 +118,7 @@ class PipelineArtifactPool:
         self.streams_used: set[StreamHandle | None] = set()
         self.closed = False
         self._accepted: set[tuple[int, ArtifactFormat]] = set()
+        self.memos: OrderedDict[int, _Memo] = OrderedDict()
 
     def accept(self, backend: Backend, program: _Program, format: ArtifactFormat) -> None:
         """Check that the pool fits a launch of ``program`` in ``format`` on ``backend``.
@@ -252,6 +253,37 @@ class _Resolved:
     geometry: tuple[tuple[tuple[int, int, int], tuple[int, int, int], int], ...]
     intermediate_sizes: tuple[int, ...]
 
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """A request checked in full once, with its stages' arguments packed, for relaunching."""
+
+    request: PipelineLaunch
+    sequences: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]]
+    bindings: tuple[BufferBinding, ...]
+    stages: tuple[tuple[StageLauncher, Any, tuple[int, int, int], tuple[int, int, int], int], ...]
+
+    def still_holds(self, backend: Backend) -> bool:
+        """Whether the request's buffers are the ones checked, and all still live."""
+        request = self.request
+        current = (request.operands, request.results, request.intermediates)
+        for now, then in zip(current, self.sequences, strict=True):
+            if now is not then and tuple(now or ()) != tuple(then):
+                return False
+        if not all(isinstance(each, tuple | PipelineIntermediates) for each in current[:2]) or (
+            current[2] is not None and not isinstance(current[2], tuple | PipelineIntermediates)
+        ):
+            flat = (*request.operands, *request.results, *(request.intermediates or ()))
+            if len(flat) != len(self.bindings) or any(
+                a is not b for a, b in zip(flat, self.bindings, strict=True)
+            ):
+                return False
+        backend.check_bindings(self.bindings, "$.buffers")
+        stream = request.stream
+        return stream is None or backend.owns(stream)
+
+
+_MEMO_CAPACITY: Final = 64
 
 _programs: OrderedDict[tuple[int, int, ArtifactFormat], _Program] = OrderedDict()
 _PROGRAM_CAPACITY: Final = 128
@@ -423,8 +455,12 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     :class:`InvalidBuffer` for a buffer that is not a live buffer of
     ``backend``, all before anything is allocated or launched.
     """
-    pipeline = request.pipeline
     pool = request.artifacts
+    if pool is not None:
+        memo = pool.memos.get(id(request))
+        if memo is not None and memo.request is request and _relaunch(backend, pool, memo):
+            return
+    pipeline = request.pipeline
     if pool is not None and pool.pipeline is pipeline and pool.registry is request.registry:
         program = _program(pipeline, pool.registry, pool.format)
     else:
@@ -459,17 +495,18 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         if isinstance(provided, PipelineIntermediates):
             provided.streams_used.add(stream)
         sources = (operands, results, provided)
+        stages = []
         for launcher, refs, stage_scalars, (grid, block, shared) in zip(
             pool.launchers, program.refs, resolved.stage_scalars, resolved.geometry, strict=True
         ):
-            launcher(
-                [sources[source][index] for source, index in refs],
-                stage_scalars,
-                grid,
-                block,
-                shared,
-                stream,
-            )
+            buffers = [sources[source][index] for source, index in refs]
+            launcher(buffers, stage_scalars, grid, block, shared, stream)
+            stages.append((launcher, launcher.prepare(buffers, stage_scalars), grid, block, shared))
+        pool.memos[id(request)] = _Memo(
+            request, sources, (*operands, *results, *provided), tuple(stages)
+        )
+        if len(pool.memos) > _MEMO_CAPACITY:
+            pool.memos.popitem(last=False)
         return
     owned: list[BufferHandle | LoadedArtifact] = []
     try:
@@ -500,6 +537,29 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         await release_when_idle(backend, owned, [stream])
         raise
     backend.destroy_all(owned)
+
+
+def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool:
+    """Launch a request checked in full before, re-checking only what can have changed.
+
+    Returns ``False`` (and launches nothing) when its buffers are not the ones
+    checked; raises as the full check would when one is no longer live or the
+    pool or intermediates were closed.
+    """
+    intermediates = memo.request.intermediates
+    if pool.closed:
+        raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
+    if isinstance(intermediates, PipelineIntermediates) and intermediates.closed:
+        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
+    if not memo.still_holds(backend):
+        return False
+    stream = memo.request.stream
+    if isinstance(intermediates, PipelineIntermediates):
+        intermediates.streams_used.add(stream)
+    pool.streams_used.add(stream)
+    for launcher, prepared, grid, block, shared in memo.stages:
+        launcher.launch_prepared(prepared, grid, block, shared, stream)
+    return True
 
 
 def _launch_stage(

@@ -23,7 +23,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 from ..errors import (
     AccyError,
@@ -264,8 +264,21 @@ class PendingRead(abc.ABC):
         """Give up on the read (after an error or cancellation); releases what it holds."""
 
 
-class StageLauncher(Protocol):
-    """What :meth:`Backend.stage_launcher` returns."""
+class StageLauncher:
+    """Launches one loaded kernel without per-launch checks: the hot path.
+
+    Made by :meth:`Backend.stage_launcher`. The caller checks its buffers and
+    counts once, then either calls the launcher with bindings and scalars,
+    or, to launch the same arguments many times, turns them into a
+    backend-specific packed form once with :meth:`prepare` and launches that
+    with :meth:`launch_prepared`. A closed or faulted backend still refuses.
+    """
+
+    __slots__ = ("backend", "loaded")
+
+    def __init__(self, backend: Backend, loaded: LoadedArtifact) -> None:
+        self.backend = backend
+        self.loaded = loaded
 
     def __call__(
         self,
@@ -279,6 +292,44 @@ class StageLauncher(Protocol):
         signal_event: EventHandle | None = None,
     ) -> None:
         """Enqueue one launch of the bound kernel."""
+        self.backend.launch_trusted(
+            self.loaded,
+            buffers,
+            scalars,
+            grid,
+            block,
+            shared_memory_bytes,
+            stream,
+            wait_events,
+            signal_event,
+            self.loaded.artifact.spec.diagnostic_id,
+        )
+
+    def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
+        """The arguments in the form :meth:`launch_prepared` takes."""
+        return (tuple(buffers), tuple(scalars))
+
+    def launch_prepared(
+        self,
+        prepared: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle | None,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+    ) -> None:
+        """Enqueue one launch with arguments from :meth:`prepare`."""
+        self(
+            prepared[0],
+            prepared[1],
+            grid,
+            block,
+            shared_memory_bytes,
+            stream,
+            wait_events,
+            signal_event,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -636,42 +687,8 @@ class Backend(abc.ABC):
         )
 
     def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
-        """A callable that launches ``loaded`` without per-launch checks.
-
-        The fastest way to launch one kernel many times (a pipeline stage, a
-        graph node): the caller checks its buffers and counts once, then calls
-        ``launcher(buffers, scalars, grid, block, shared_memory_bytes, stream)``
-        (with optional ``wait_events`` and ``signal_event``). Pass the same
-        ``scalars`` object again when the scalars have not changed: backends
-        may cache what they derive from it. A closed or faulted backend still
-        refuses.
-        """
-        launch_trusted = self.launch_trusted
-
-        def launcher(
-            buffers: Sequence[BufferBinding],
-            scalars: Sequence[ScalarArgument],
-            grid: tuple[int, int, int],
-            block: tuple[int, int, int],
-            shared_memory_bytes: int,
-            stream: StreamHandle | None,
-            wait_events: Sequence[EventHandle] = (),
-            signal_event: EventHandle | None = None,
-        ) -> None:
-            launch_trusted(
-                loaded,
-                buffers,
-                scalars,
-                grid,
-                block,
-                shared_memory_bytes,
-                stream,
-                wait_events,
-                signal_event,
-                loaded.artifact.spec.diagnostic_id,
-            )
-
-        return launcher
+        """A :class:`StageLauncher` for ``loaded``: the fastest way to launch it many times."""
+        return StageLauncher(self, loaded)
 
     # ----- completion ----------------------------------------------------------------------
 

@@ -503,61 +503,8 @@ class CudaBackend(Backend):
             self._record(signal_event, stream)
 
     def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
-        """A launcher with the kernel's argument array, packer and driver call bound once.
-
-        It remembers the last ``scalars`` object it saw, so a stage launched
-        again with the same resolved scalars only packs the buffer addresses.
-        """
-        kernel: _Kernel = loaded.native
-        slots, params, function = kernel.slots, kernel.params, kernel.function
-        launch_kernel = self._launch_kernel
-        default_stream = self._default_stream
-        name = loaded.artifact.spec.kernel_name
-        state: list[Any] = [None, (), None]  # scalars seen last, their values, the packer
-
-        def launcher(
-            buffers: Sequence[BufferBinding],
-            scalars: Sequence[ScalarArgument],
-            grid: tuple[int, int, int],
-            block: tuple[int, int, int],
-            shared_memory_bytes: int,
-            stream: StreamHandle | None,
-            wait_events: Sequence[EventHandle] = (),
-            signal_event: EventHandle | None = None,
-        ) -> None:
-            if self._unusable is not None:
-                self._raise_unusable()
-            if stream is None:
-                stream = default_stream
-            if wait_events:
-                for event in wait_events:
-                    self._wait(stream, event)
-            if scalars is not state[0]:
-                state[0] = scalars
-                state[1] = tuple([argument.value for argument in scalars])
-                state[2] = kernel.packer(
-                    len(buffers), tuple([argument.type_name for argument in scalars])
-                )
-            state[2].pack_into(slots, 0, *[binding.address for binding in buffers], *state[1])
-            (result,) = launch_kernel(
-                function,
-                grid[0],
-                grid[1],
-                grid[2],
-                block[0],
-                block[1],
-                block[2],
-                shared_memory_bytes,
-                stream.native,
-                params,
-                0,
-            )
-            if result:
-                self._raise(result, f"launching {name}")
-            if signal_event is not None:
-                self._record(signal_event, stream)
-
-        return launcher
+        """A launcher with the kernel's argument array, packer and driver call bound once."""
+        return _CudaStageLauncher(self, loaded)
 
     # ----- completion ----------------------------------------------------------------------
 
@@ -647,6 +594,112 @@ class CudaBackend(Backend):
 
     def _on_poisoned(self, fault: DeviceFault) -> None:
         self._reactor.fail_all(fault)
+
+
+class _CudaStageLauncher(StageLauncher):
+    """Packs arguments straight into the kernel's argument array and calls the driver.
+
+    It remembers the last ``scalars`` object it saw, so a stage launched again
+    with the same resolved scalars only packs buffer addresses; prepared
+    arguments are the packed bytes themselves, copied in with one assignment.
+    """
+
+    __slots__ = ("_cuda", "_kernel", "_launch", "_name", "_state")
+
+    def __init__(self, backend: CudaBackend, loaded: LoadedArtifact) -> None:
+        super().__init__(backend, loaded)
+        self._cuda = backend
+        self._kernel: _Kernel = loaded.native
+        self._launch = backend._launch_kernel
+        self._name = loaded.artifact.spec.kernel_name
+        self._state: list[Any] = [None, (), None]  # last scalars, their values, their packer
+
+    def _pack_for(self, buffer_count: int, scalars: Sequence[ScalarArgument]) -> struct.Struct:
+        state = self._state
+        if scalars is not state[0]:
+            state[0] = scalars
+            state[1] = tuple([argument.value for argument in scalars])
+            state[2] = self._kernel.packer(
+                buffer_count, tuple([argument.type_name for argument in scalars])
+            )
+        packer: struct.Struct = state[2]
+        return packer
+
+    def __call__(
+        self,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle | None,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+    ) -> None:
+        """Enqueue one launch of the bound kernel."""
+        kernel = self._kernel
+        self._pack_for(len(buffers), scalars).pack_into(
+            kernel.slots, 0, *[binding.address for binding in buffers], *self._state[1]
+        )
+        self._enqueue(grid, block, shared_memory_bytes, stream, wait_events, signal_event)
+
+    def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
+        """The packed argument bytes."""
+        values = [argument.value for argument in scalars]
+        packer = self._kernel.packer(
+            len(buffers), tuple([argument.type_name for argument in scalars])
+        )
+        return packer.pack(*[binding.address for binding in buffers], *values)
+
+    def launch_prepared(
+        self,
+        prepared: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle | None,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+    ) -> None:
+        """Copy the packed bytes into the argument array and launch."""
+        ctypes.memmove(self._kernel.slots, prepared, len(prepared))
+        self._enqueue(grid, block, shared_memory_bytes, stream, wait_events, signal_event)
+
+    def _enqueue(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle | None,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+    ) -> None:
+        backend = self._cuda
+        if backend._unusable is not None:
+            backend._raise_unusable()
+        if stream is None:
+            stream = backend._default_stream
+        if wait_events:
+            for event in wait_events:
+                backend._wait(stream, event)
+        kernel = self._kernel
+        (result,) = self._launch(
+            kernel.function,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared_memory_bytes,
+            stream.native,
+            kernel.params,
+            0,
+        )
+        if result:
+            backend._raise(result, f"launching {self._name}")
+        if signal_event is not None:
+            backend._record(signal_event, stream)
 
 
 class _Allocation:

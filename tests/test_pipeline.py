@@ -1,0 +1,137 @@
+"""launch_pipeline beyond the seed: relaunching a request, cancellation, concurrency."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+
+import accy_async as accy
+from accy_async import library
+from accy_async import plan as p
+from accy_async.pipeline import (
+    PipelineLaunch,
+    allocate_pipeline_intermediates,
+    launch_pipeline,
+    load_pipeline_artifacts,
+)
+
+from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY
+
+PTX = p.ArtifactFormat.CUDA_PTX
+ARGS = (p.U32(5000),)
+
+
+async def test_a_relaunched_request_is_rechecked_for_what_can_change(
+    recording: accy.RecordingBackend,
+) -> None:
+    operand, result = recording.allocate_buffer(20_000), recording.allocate_buffer(20_000)
+    async with (
+        await load_pipeline_artifacts(recording, SEED_PIPELINE, SEED_REGISTRY, PTX) as pool,
+        await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS) as scratch,
+    ):
+        operands = [operand.bind("read_only")]
+        request = PipelineLaunch(
+            pipeline=SEED_PIPELINE,
+            registry=SEED_REGISTRY,
+            format=PTX,
+            operands=operands,
+            results=(result.bind(),),
+            runtime_scalar_arguments=ARGS,
+            intermediates=scratch,
+            artifacts=pool,
+        )
+        for _ in range(3):
+            await launch_pipeline(recording, request)
+        assert recording.launch_count == 9
+        assert len({launch.buffer_ids for launch in recording.launches[::3]}) == 1
+        # The caller swaps the operand in its list: the new one is checked and used.
+        other = recording.allocate_buffer(20_000)
+        operands[0] = other.bind("read_only")
+        await launch_pipeline(recording, request)
+        assert other.id in recording.launches[-3].buffer_ids
+        # A buffer destroyed since is refused, and nothing is launched.
+        recording.destroy(other)
+        with pytest.raises(accy.InvalidBuffer):
+            await launch_pipeline(recording, request)
+        assert recording.launch_count == 12
+        operands[0] = operand.bind("read_only")
+        await launch_pipeline(recording, request)
+        assert recording.launch_count == 15
+    with pytest.raises(accy.LaunchArgumentMismatch, match="closed"):
+        await launch_pipeline(recording, request)
+    recording.destroy_all([operand, result])
+
+
+async def test_cancelling_a_launch_that_owns_its_objects_releases_them() -> None:
+    backend = accy.RecordingBackend(completion="manual")
+    x, y = backend.allocate_buffer(20_000), backend.allocate_buffer(20_000)
+    request = PipelineLaunch(
+        pipeline=SEED_PIPELINE,
+        registry=SEED_REGISTRY,
+        format=PTX,
+        operands=[x.bind()],
+        results=[y.bind()],
+        runtime_scalar_arguments=ARGS,
+    )
+    with anyio.move_on_after(0.05) as scope:
+        await launch_pipeline(backend, request)  # waits for a device that never finishes
+    assert scope.cancelled_caught
+    # The clean-up waited (shielded, bounded) and then handed the objects to the
+    # backend's deferred releases: nothing is freed while the "device" may use it.
+    assert backend.deferred_count == 5
+    backend.complete_all()
+    backend.collect_deferred()
+    assert backend.deferred_count == 0
+    assert set(backend.live_objects(owned_only=True)) == {x.id, y.id}
+    backend.destroy_all([x, y])
+    await backend.aclose()
+
+
+@pytest.fixture(autouse=True)
+def short_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accy.waiting, "CLEANUP_WAIT_SECONDS", 0.05)
+
+
+async def test_concurrent_launches_on_streams_get_their_own_results(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    backend = cpu_backend
+    document = library.prefix_sum(p.DType.I32, 64)
+    streams = [backend.create_stream() for _ in range(3)]
+    async with await load_pipeline_artifacts(
+        backend, document.pipeline, document.registry, p.ArtifactFormat.CPU
+    ) as pool:
+
+        async def one(index: int) -> None:
+            n = 5000 + index
+            values = np.full(n, index + 1, np.int32)
+            source = accy.upload(backend, values, stream=streams[index])
+            result = backend.allocate_buffer(4 * n)
+            scalars = (p.U32(n),)
+            async with await allocate_pipeline_intermediates(
+                backend, document.pipeline, scalars
+            ) as scratch:
+                for _ in range(5):
+                    await launch_pipeline(
+                        backend,
+                        PipelineLaunch(
+                            pipeline=document.pipeline,
+                            registry=document.registry,
+                            format=p.ArtifactFormat.CPU,
+                            operands=[source.bind("read_only")],
+                            results=[result.bind()],
+                            runtime_scalar_arguments=scalars,
+                            intermediates=scratch,
+                            artifacts=pool,
+                            stream=streams[index],
+                        ),
+                    )
+                got = await accy.download(backend, result, np.int32, n, stream=streams[index])
+            np.testing.assert_array_equal(got, np.cumsum(values))
+            backend.destroy_all([source, result])
+
+        async with anyio.create_task_group() as group:
+            for index in range(3):
+                group.start_soon(one, index)
+    backend.destroy_all(streams)
