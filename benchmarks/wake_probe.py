@@ -59,6 +59,29 @@ def gil_probe(rig: Rig, blocking_sync: bool) -> dict[str, Any]:
     }
 
 
+def cpu_probe(rig: Rig, blocking_sync: bool) -> dict[str, Any]:
+    """Process CPU used while a thread waits 300 ms in cuEventSynchronize (main thread asleep)."""
+    d = driver()
+    flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING | (
+        d.CUevent_flags.CU_EVENT_BLOCKING_SYNC if blocking_sync else 0
+    )
+    _, event = d.cuEventCreate(flags)
+    rig.launch_spin(300_000_000)
+    d.cuEventRecord(event, rig.stream)
+    cpu, wall = time.process_time(), time.perf_counter()
+
+    def wait() -> None:
+        d.cuCtxSetCurrent(rig.context)
+        d.cuEventSynchronize(event)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    thread.join()
+    cores = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    d.cuEventDestroy(event)
+    return {"blocking_sync_event": blocking_sync, "cpu_cores": round(cores, 3)}
+
+
 def lock_probe(rig: Rig, blocking_sync: bool) -> dict[str, Any]:
     """How long driver calls from this thread take while another waits in cuEventSynchronize."""
     d = driver()
@@ -227,6 +250,7 @@ def main() -> None:
     results: dict[str, Any] = {
         "gil": [gil_probe(rig, False), gil_probe(rig, True)],
         "driver_lock": [lock_probe(rig, False), lock_probe(rig, True)],
+        "cpu": [cpu_probe(rig, False), cpu_probe(rig, True)],
     }
     rig.close()
     results["wake"] = [

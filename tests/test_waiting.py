@@ -179,3 +179,43 @@ async def test_synchronize_has_the_seeds_three_scopes(cpu_backend: accy.CpuBacke
     await accy.synchronize(backend)
     assert backend.query_stream() and backend.query_stream(stream)
     backend.destroy_all([slow, buffer, stream, event])
+
+
+class AnticipatingRecording(accy.RecordingBackend):
+    """A recording backend that predicts completions, to drive the anticipated wait."""
+
+    def __init__(self, window: tuple[float, float]) -> None:
+        super().__init__(completion="manual")
+        self.window = window
+        self.queries = 0
+
+    def anticipate(self, event: accy.EventHandle) -> tuple[float, float] | None:
+        return self.window
+
+    def _query_event(self, event: accy.EventHandle) -> bool:
+        self.queries += 1
+        return super()._query_event(event)
+
+
+@pytest.mark.parametrize("finish_after", [0.01, 0.08])
+async def test_an_anticipated_wait_polls_in_its_window_then_falls_back(
+    finish_after: float,
+) -> None:
+    now = time.perf_counter()
+    backend = AnticipatingRecording((now + 0.005, now + 0.03))
+    event, stream = backend.create_event(), backend.create_stream()
+    backend.record_event(event, stream)
+
+    def finish() -> None:
+        time.sleep(finish_after)
+        backend.complete(event)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, finish)
+            await accy.wait_event(backend, event)
+            finished_at = time.perf_counter()
+    assert finished_at - now >= finish_after
+    assert backend.queries > 2  # it polled from the loop inside the window
+    backend.destroy_all([event, stream])
+    await backend.aclose()

@@ -559,13 +559,13 @@ async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[
     from .waiting import wait_event
 
     rows: dict[str, Any] = {}
-    reactors: tuple[tuple[str, ReactorKind, float], ...] = (
-        ("sync reactor", "sync", 0.0),
-        ("poll reactor 10 us", "poll", 10e-6),
-        ("poll reactor 25 us", "poll", 25e-6),
+    reactors: tuple[tuple[str, ReactorKind, float, float], ...] = (
+        ("sync reactor + anticipation (default)", "sync", 10e-6, 250e-6),
+        ("sync reactor, no anticipation", "sync", 10e-6, 0.0),
+        ("poll reactor 10 us, no anticipation", "poll", 10e-6, 0.0),
     )
-    for label, kind, interval in reactors:
-        backend = CudaBackend(completion=kind, poll_interval=interval or 10e-6)
+    for label, kind, interval, anticipation in reactors:
+        backend = CudaBackend(completion=kind, poll_interval=interval, anticipation=anticipation)
         try:
             stream = backend.create_stream()
             event = backend.create_event()

@@ -720,6 +720,16 @@ class Backend(abc.ABC):
             self._raise_unusable()
         return self._notify_when_complete(event, callback)
 
+    def anticipate(self, event: EventHandle) -> tuple[float, float] | None:
+        """When ``event`` should complete, as a ``time.perf_counter()`` window, if known.
+
+        :func:`accy_async.waiting.wait_event` watches the event from the event
+        loop's own thread inside this window instead of waiting to be woken
+        from another thread. ``None`` (the default) means no prediction.
+        """
+        del event
+        return None
+
     def notify_when_stream_complete(
         self, stream: StreamHandle | None, callback: CompletionCallback
     ) -> CompletionRegistration:

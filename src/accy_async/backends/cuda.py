@@ -26,6 +26,7 @@ import ctypes
 import queue
 import struct
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -214,8 +215,12 @@ class CudaBackend(Backend):
         limits: Limits | None = None,
         completion: ReactorKind = "sync",
         poll_interval: float = 10e-6,
+        anticipation: float = 250e-6,
     ) -> None:
         super().__init__(limits=limits)
+        self._anticipation = anticipation
+        self._recorded_at: dict[int, tuple[int, float]] = {}
+        self._expected: dict[int, float] = {}
         d = driver()
         self._check(d.cuInit(0), "initialising the driver")
         self._device = self._value(d.cuDeviceGet(device), f"opening device {device}")
@@ -453,6 +458,34 @@ class CudaBackend(Backend):
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         self._check(driver().cuEventRecord(event.native, stream.native), "recording an event")
         self._event_streams[event.id] = stream.native
+        self._recorded_at[event.id] = (int(stream.native), time.perf_counter())
+
+    def _learn(self, event_id: int) -> None:
+        """Fold how long a record took to complete into its stream's expectation."""
+        recorded = self._recorded_at.pop(event_id, None)
+        if recorded is None:
+            return
+        key, at = recorded
+        sample = time.perf_counter() - at
+        expected = self._expected.get(key)
+        self._expected[key] = sample if expected is None else expected + (sample - expected) / 4
+
+    def anticipate(self, event: EventHandle) -> tuple[float, float] | None:
+        """The window around the record's time plus its stream's recent record-to-done time.
+
+        Learned per stream from the waits that completed before (an
+        exponentially weighted mean); ``anticipation`` seconds either side.
+        """
+        if not self._anticipation:
+            return None
+        recorded = self._recorded_at.get(event.id)
+        if recorded is None:
+            return None
+        expected = self._expected.get(recorded[0])
+        if expected is None:
+            return None
+        due = recorded[1] + expected
+        return due - self._anticipation, due + self._anticipation
 
     def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
         self._check(
@@ -511,6 +544,7 @@ class CudaBackend(Backend):
     def _query_event(self, event: EventHandle) -> bool:
         (result,) = driver().cuEventQuery(event.native)
         if result == self._success:
+            self._learn(event.id)
             return True
         if result == self._not_ready:
             return False
@@ -533,7 +567,14 @@ class CudaBackend(Backend):
         if stream is None:  # never recorded: complete
             callback(None)
             return ALREADY_FIRED
-        return self._reactor.watch(event.native, stream, callback)
+        event_id = event.id
+
+        def learn_then_call(error: BaseException | None) -> None:
+            if error is None:
+                self._learn(event_id)
+            callback(error)
+
+        return self._reactor.watch(event.native, stream, learn_then_call)
 
     def _notify_when_stream_complete(
         self, stream: StreamHandle, callback: CompletionCallback
@@ -557,6 +598,7 @@ class CudaBackend(Backend):
         elif isinstance(obj, EventHandle):
             # Safe while the event is pending: the driver releases it once it completes.
             self._event_streams.pop(obj.id, None)
+            self._recorded_at.pop(obj.id, None)
             d.cuEventDestroy(obj.native)
         elif isinstance(obj, StreamHandle):
             d.cuStreamDestroy(obj.native)

@@ -43,6 +43,7 @@ __all__ = ["CompletionReactor", "ReactorKind"]
 ReactorKind: TypeAlias = Literal["sync", "poll"]
 
 _IDLE_EXIT_SECONDS: Final = 1.0
+_BATCH: Final = 16
 _PR_SET_TIMERSLACK: Final = 29
 
 
@@ -175,6 +176,7 @@ class CompletionReactor:
         """Wait, in ``cuEventSynchronize``, for one stream's watches in order."""
         d = driver()
         d.cuCtxSetCurrent(self._context)
+        query, not_ready = d.cuEventQuery, d.CUresult.CUDA_ERROR_NOT_READY
         while True:
             with self.lock:
                 deadline = time.monotonic() + _IDLE_EXIT_SECONDS
@@ -191,13 +193,21 @@ class CompletionReactor:
                 watch = queue[0]
             (result,) = d.cuEventSynchronize(watch.event)
             error = translate(result, "waiting for an event") if int(result) else None
+            done = [watch]
             with self.lock:
                 if queue and queue[0] is watch:
                     queue.popleft()
-            self._fire([watch], error)
+                # Later events of the stream that completed too go in the same batch.
+                while error is None and queue and len(done) < _BATCH:
+                    if query(queue[0].event)[0] == not_ready:
+                        break
+                    done.append(queue.popleft())
+            self._fire(done, error)
             if isinstance(error, DeviceFault):
                 self._on_fault(error)
                 self.fail_all(error)
+            if len(done) > 1:
+                time.sleep(0)  # hand the GIL to the event loop between bursts
 
     def _run_poll(self, key: int, queue: None) -> None:
         """Query the oldest watch of every stream, sleeping briefly between sweeps."""
@@ -235,6 +245,8 @@ class CompletionReactor:
                     completed.append(watch)
             if completed:
                 self._fire(completed, None)
+                if len(completed) > 1:
+                    sleep(0)  # hand the GIL to the event loop between bursts
             if fault is not None:
                 self._on_fault(fault)
                 self.fail_all(fault)
@@ -242,7 +254,9 @@ class CompletionReactor:
                 sleep(interval)
 
     def _fire(self, watches: list[_Watch], error: AccyError | None) -> None:
-        for watch in watches:
+        for count, watch in enumerate(watches, 1):
+            if not count % _BATCH:
+                time.sleep(0)  # hand the GIL to the event loop during long bursts
             with self.lock:
                 if watch.done:
                     continue
