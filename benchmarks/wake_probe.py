@@ -259,8 +259,9 @@ def main() -> None:
         for busy in (False, True)
     ]
     print(json.dumps(results, indent=2))
-    if len(sys.argv) > 1 and not sys.argv[1].startswith("--"):
-        with open(sys.argv[1], "w") as handle:
+    paths = [argument for argument in sys.argv[1:] if not argument.startswith("--")]
+    if paths:
+        with open(paths[0], "w") as handle:
             json.dump(results, handle, indent=2)
 
 

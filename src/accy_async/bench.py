@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import gc
 import json
 import platform
 import statistics
@@ -189,18 +190,34 @@ def _per_call_us(run_batch: Callable[[], None], sync: Callable[[], None], repeat
     return statistics.median(samples)
 
 
-async def _per_call_us_async(
-    run_batch: Callable[[], Awaitable[None]], sync: Callable[[], Awaitable[None]], repeat: int
-) -> float:
-    await run_batch()
-    await sync()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        await run_batch()
-        samples.append((time.perf_counter() - start) / BATCH * 1e6)
-        await sync()
-    return statistics.median(samples)
+async def _paired_us(
+    raw_batch: Callable[[], None],
+    accy_batch: Callable[[], Awaitable[None]],
+    sync: Callable[[], Awaitable[None]],
+    repeat: int,
+    launches_per_batch: int = BATCH,
+) -> dict[str, float]:
+    """accy-async beside the raw pre-packed launch, batches interleaved, GC paused.
+
+    Timing the two alternately on the same kernel and stream cancels the slow
+    drifts of a shared machine that separate runs would put into the ratio.
+    """
+    raw_samples: list[float] = []
+    accy_samples: list[float] = []
+    for round_index in range(repeat + 1):
+        for which in ("raw", "accy"):
+            gc.disable()
+            start = time.perf_counter()
+            if which == "raw":
+                raw_batch()
+            else:
+                await accy_batch()
+            elapsed = (time.perf_counter() - start) / launches_per_batch * 1e6
+            gc.enable()
+            await sync()
+            if round_index:  # the first round warms up
+                (raw_samples if which == "raw" else accy_samples).append(elapsed)
+    return {"us": statistics.median(accy_samples), "raw_us": statistics.median(raw_samples)}
 
 
 def launch_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
@@ -336,7 +353,16 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             for _ in range(BATCH):
                 backend.launch(loaded, buffers, scalars, (1, 1, 1), (32, 1, 1), stream=stream)
 
-        rows["accy backend.launch (checked)"] = await _per_call_us_async(checked, sync, repeat)
+        d = driver()
+        raw_launch = d.cuLaunchKernel
+        native = loaded.native
+        backend.launch(loaded, buffers, scalars, (1, 1, 1), (32, 1, 1), stream=stream)  # packs
+
+        def raw() -> None:
+            for _ in range(BATCH):
+                raw_launch(native.function, 1, 1, 1, 32, 1, 1, 0, stream.native, native.params, 0)
+
+        rows["accy backend.launch (checked)"] = await _paired_us(raw, checked, sync, repeat)
 
         entry = p.RegistryEntry(
             target="bench.empty",
@@ -398,9 +424,8 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             for _ in range(BATCH // 3):
                 await launch_pipeline(backend, request)
 
-        per_call = await _per_call_us_async(pipelines, sync, repeat)
-        rows["accy await launch_pipeline, per stage (pool + intermediates)"] = (
-            per_call * BATCH / (BATCH // 3 * 3)
+        rows["accy await launch_pipeline, per stage (pool + intermediates)"] = await _paired_us(
+            raw, pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3
         )
 
         planned = p.PlannedKernel(
@@ -423,8 +448,8 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
         async def graph_nodes() -> None:
             await launch_graph(kernels, slots, graph, default_stream=stream)
 
-        rows["accy launch_graph, per node (host order)"] = await _per_call_us_async(
-            graph_nodes, sync, repeat
+        rows["accy launch_graph, per node (host order)"] = await _paired_us(
+            raw, graph_nodes, sync, repeat
         )
         await kernels.aclose()
         await pool.aclose()
@@ -677,7 +702,12 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|",
     ]
     for name, value in result["launch_us"].items():
-        if isinstance(value, float) and anchor:
+        if isinstance(value, dict):  # accy-async, timed interleaved with its own raw launch
+            lines.append(
+                f"| {name} | {value['us']:.2f} | {value['us'] / value['raw_us']:.2f} "
+                f"(raw {value['raw_us']:.2f} interleaved) |"
+            )
+        elif isinstance(value, float) and anchor:
             lines.append(f"| {name} | {value:.2f} | {value / anchor:.2f} |")
         else:
             lines.append(f"| {name} | {value} | |")

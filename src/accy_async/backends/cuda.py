@@ -450,10 +450,9 @@ class CudaBackend(Backend):
         )
 
     def _create_event(self, object_id: int) -> Any:
-        d = driver()
-        return self._value(
-            d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING), "creating an event"
-        )
+        # Without timing; with blocking sync for the sync reactor, whose threads then
+        # sleep in cuEventSynchronize instead of spinning.
+        return self._value(driver().cuEventCreate(self._event_flags), "creating an event")
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         self._check(driver().cuEventRecord(event.native, stream.native), "recording an event")
