@@ -347,6 +347,9 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
         stream = backend.create_stream()
 
         async def sync() -> None:
+            # Spin like the anchors' cuStreamSynchronize, so every variant starts its
+            # batch on an equally warm CPU (an idle vCPU wakes slow and cold).
+            driver().cuStreamSynchronize(stream.native)
             await wait_stream(backend, stream)
 
         async def checked() -> None:
