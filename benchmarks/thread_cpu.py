@@ -29,7 +29,7 @@ def thread_times() -> dict[str, float]:
 
 async def main(kind: str, anticipation: float) -> None:
     rig = Rig()
-    backend = CudaBackend(completion=kind, anticipation=anticipation)  # type: ignore[arg-type]
+    backend = CudaBackend(anticipation=anticipation)
     stream, event = backend.create_stream(), backend.create_event()
     before, start = thread_times(), time.perf_counter()
     for _ in range(200):

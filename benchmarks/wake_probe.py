@@ -198,7 +198,7 @@ def ten_thousand(kind: str) -> dict[str, Any]:
     from accy_async.backends.cuda import CudaBackend
 
     async def body() -> dict[str, Any]:
-        backend = CudaBackend(completion=kind)  # type: ignore[arg-type]
+        backend = CudaBackend()
         slow = await backend.load_artifact(
             await backend.create_artifact(spec(backend, "slow_fill_f32"))
         )

@@ -583,17 +583,16 @@ async def latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dic
 
 async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
     from .backends.cuda import CudaBackend
-    from .backends.cuda_reactor import ReactorKind
     from .waiting import wait_event
 
     rows: dict[str, Any] = {}
-    reactors: tuple[tuple[str, ReactorKind, float, float], ...] = (
-        ("sync reactor + anticipation (default)", "sync", 10e-6, 250e-6),
-        ("sync reactor, no anticipation", "sync", 10e-6, 0.0),
-        ("poll reactor 10 us, no anticipation", "poll", 10e-6, 0.0),
+    reactors: tuple[tuple[str, float, float], ...] = (
+        ("poll 50 us + anticipation (default)", 50e-6, 250e-6),
+        ("poll 50 us, no anticipation", 50e-6, 0.0),
+        ("poll 10 us, no anticipation", 10e-6, 0.0),
     )
-    for label, kind, interval, anticipation in reactors:
-        backend = CudaBackend(completion=kind, poll_interval=interval, anticipation=anticipation)
+    for label, interval, anticipation in reactors:
+        backend = CudaBackend(poll_interval=interval, anticipation=anticipation)
         try:
             stream = backend.create_stream()
             event = backend.create_event()

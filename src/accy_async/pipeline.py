@@ -262,17 +262,20 @@ class _Memo:
     sequences: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]]
     bindings: tuple[BufferBinding, ...]
     stages: tuple[tuple[StageLauncher, Any, tuple[int, int, int], tuple[int, int, int], int], ...]
+    immutable: bool
+    """Whether the request's sequences are tuples (or intermediates): they cannot change."""
 
     def still_holds(self, backend: Backend) -> bool:
         """Whether the request's buffers are the ones checked, and all still live."""
         request = self.request
-        current = (request.operands, request.results, request.intermediates)
-        for now, then in zip(current, self.sequences, strict=True):
-            if now is not then and tuple(now or ()) != tuple(then):
-                return False
-        if not all(isinstance(each, tuple | PipelineIntermediates) for each in current[:2]) or (
-            current[2] is not None and not isinstance(current[2], tuple | PipelineIntermediates)
+        sequences = self.sequences
+        if (
+            request.operands is not sequences[0]
+            or request.results is not sequences[1]
+            or request.intermediates is not sequences[2]
         ):
+            return False
+        if not self.immutable:
             flat = (*request.operands, *request.results, *(request.intermediates or ()))
             if len(flat) != len(self.bindings) or any(
                 a is not b for a, b in zip(flat, self.bindings, strict=True)
@@ -502,8 +505,9 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             buffers = [sources[source][index] for source, index in refs]
             launcher(buffers, stage_scalars, grid, block, shared, stream)
             stages.append((launcher, launcher.prepare(buffers, stage_scalars), grid, block, shared))
+        immutable = all(isinstance(each, tuple | PipelineIntermediates) for each in sources)
         pool.memos[id(request)] = _Memo(
-            request, sources, (*operands, *results, *provided), tuple(stages)
+            request, sources, (*operands, *results, *provided), tuple(stages), immutable
         )
         if len(pool.memos) > _MEMO_CAPACITY:
             pool.memos.popitem(last=False)

@@ -54,7 +54,7 @@ from .base import (
     StreamHandle,
 )
 from .cuda_driver import driver, probe_cuda, translate
-from .cuda_reactor import CompletionReactor, ReactorKind
+from .cuda_reactor import CompletionReactor
 from .nvrtc import compile_source
 
 __all__ = ["CudaBackend", "probe_cuda"]
@@ -213,8 +213,7 @@ class CudaBackend(Backend):
         *,
         device: int = 0,
         limits: Limits | None = None,
-        completion: ReactorKind = "sync",
-        poll_interval: float = 10e-6,
+        poll_interval: float = 50e-6,
         anticipation: float = 250e-6,
     ) -> None:
         super().__init__(limits=limits)
@@ -263,13 +262,8 @@ class CudaBackend(Backend):
         self._event_streams: dict[int, Any] = {}
         self._janitor = _Janitor(self._context)
         self._staging = _Staging(self._janitor)
-        self._reactor = CompletionReactor(
-            self._context, self.poison, kind=completion, poll_interval=poll_interval
-        )
-        flags = d.CUevent_flags
-        self._event_flags = flags.CU_EVENT_DISABLE_TIMING | (
-            flags.CU_EVENT_BLOCKING_SYNC if completion == "sync" else 0
-        )
+        self._reactor = CompletionReactor(self._context, self.poison, poll_interval=poll_interval)
+        self._event_flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self._success = d.CUresult.CUDA_SUCCESS
         self._not_ready = d.CUresult.CUDA_ERROR_NOT_READY
         self._launch_kernel = d.cuLaunchKernel
@@ -450,8 +444,6 @@ class CudaBackend(Backend):
         )
 
     def _create_event(self, object_id: int) -> Any:
-        # Without timing; with blocking sync for the sync reactor, whose threads then
-        # sleep in cuEventSynchronize instead of spinning.
         return self._value(driver().cuEventCreate(self._event_flags), "creating an event")
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
@@ -685,12 +677,20 @@ class _CudaStageLauncher(StageLauncher):
         self._enqueue(grid, block, shared_memory_bytes, stream, wait_events, signal_event)
 
     def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
-        """The packed argument bytes."""
-        values = [argument.value for argument in scalars]
+        """Argument storage of its own: packed slots, the ``void*`` array over them, its address."""
+        count = max(len(buffers) + len(scalars), 1)
         packer = self._kernel.packer(
             len(buffers), tuple([argument.type_name for argument in scalars])
         )
-        return packer.pack(*[binding.address for binding in buffers], *values)
+        slots = ctypes.create_string_buffer(
+            packer.pack(
+                *[binding.address for binding in buffers], *[argument.value for argument in scalars]
+            ),
+            8 * count,
+        )
+        base = ctypes.addressof(slots)
+        pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+        return (ctypes.addressof(pointers), slots, pointers)
 
     def launch_prepared(
         self,
@@ -702,9 +702,32 @@ class _CudaStageLauncher(StageLauncher):
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
     ) -> None:
-        """Copy the packed bytes into the argument array and launch."""
-        ctypes.memmove(self._kernel.slots, prepared, len(prepared))
-        self._enqueue(grid, block, shared_memory_bytes, stream, wait_events, signal_event)
+        """Launch with the prepared argument array: nothing is packed or copied."""
+        backend = self._cuda
+        if backend._unusable is not None:
+            backend._raise_unusable()
+        if stream is None:
+            stream = backend._default_stream
+        if wait_events:
+            for event in wait_events:
+                backend._wait(stream, event)
+        (result,) = self._launch(
+            self._kernel.function,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared_memory_bytes,
+            stream.native,
+            prepared[0],
+            0,
+        )
+        if result:
+            backend._raise(result, f"launching {self._name}")
+        if signal_event is not None:
+            backend._record(signal_event, stream)
 
     def _enqueue(
         self,

@@ -1,29 +1,21 @@
-"""The CUDA backend's completion reactor: threads that turn finished events into callbacks.
+"""The CUDA backend's completion reactor: a thread that turns finished events into callbacks.
 
 Events of one stream complete in the order they were recorded, so the reactor
-keeps, per stream, a queue of watched events and only ever waits for the
-oldest. Two ways of waiting, chosen when the backend opens:
+keeps, per stream, a queue of watched events, and every ``poll_interval``
+seconds queries only the oldest of each (``cuEventQuery``, a microsecond),
+firing every watch that has completed. The thread sleeps with its timer slack
+cut to a nanosecond, so short sleeps are short; it sleeps on a condition
+while nothing is watched, and yields the GIL between bursts of callbacks.
 
-``"sync"`` (default)
-    A waiter thread per stream with pending watches blocks in
-    ``cuEventSynchronize`` on the oldest one; the backend creates its events
-    with ``CU_EVENT_BLOCKING_SYNC``, so the thread sleeps (GIL released) until
-    the driver's interrupt wakes it: no CPU is spent while kernels run, and a
-    sticky fault ends the wait at once with its error. A thread exits after a
-    second without work, so threads follow the streams in use, never the
-    number of waits.
-
-``"poll"``
-    One thread queries the oldest event of every stream every
-    ``poll_interval`` seconds (with the thread's timer slack cut so that short
-    sleeps are short). Lower latency for very short kernels, at the price of
-    CPU time.
-
-Measured on an H200 (``benchmarks/results/``): a host function per wait
-(``cuLaunchHostFunc``) was slower than both, and queueing one per wait on a
-stalled stream blocks the caller once the driver's queue fills, so it is not
-offered. Completions go to :mod:`accy_async.waiting`, which wakes the awaiting
-tasks with one thread-safe call per event loop.
+Measured on an H200 (``benchmarks/results/``), two other designs lost: a host
+function per wait (``cuLaunchHostFunc``) was slower, and queueing one per wait
+on a stalled stream blocks the caller once the driver's queue fills; blocking
+in ``cuEventSynchronize`` spins a core unless events are created with
+``CU_EVENT_BLOCKING_SYNC``, and recording thousands of those behind a long
+kernel blocked the host for the kernel's duration. Low latency for kernels of
+predictable length comes from :meth:`CudaBackend.anticipate` instead.
+Completions go to :mod:`accy_async.waiting`, which wakes the awaiting tasks
+with one thread-safe call per event loop.
 """
 
 from __future__ import annotations
@@ -32,17 +24,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final
 
 from ..errors import AccyError, DeviceFault
 from .base import ALREADY_FIRED, CompletionCallback, CompletionRegistration
 from .cuda_driver import driver, libc, translate
 
-__all__ = ["CompletionReactor", "ReactorKind"]
+__all__ = ["CompletionReactor"]
 
-ReactorKind: TypeAlias = Literal["sync", "poll"]
-
-_IDLE_EXIT_SECONDS: Final = 1.0
 _BATCH: Final = 16
 _PR_SET_TIMERSLACK: Final = 29
 
@@ -79,9 +68,9 @@ class _Registration(CompletionRegistration):
 class CompletionReactor:
     """Watches CUDA events for one backend and fires their callbacks when they complete.
 
-    ``context`` is made current on the reactor's threads; ``on_fault`` is
-    called (from a reactor thread) with the :class:`DeviceFault` of a sticky
-    error, after which every pending and later watch fails with it.
+    ``context`` is made current on the reactor's thread; ``on_fault`` is
+    called (from that thread) with the :class:`DeviceFault` of a sticky error,
+    after which every pending and later watch fails with it.
     """
 
     def __init__(
@@ -89,10 +78,8 @@ class CompletionReactor:
         context: Any,
         on_fault: Callable[[DeviceFault], None],
         *,
-        kind: ReactorKind = "sync",
-        poll_interval: float = 10e-6,
+        poll_interval: float = 50e-6,
     ) -> None:
-        self.kind = kind
         self.lock = threading.Lock()
         self._context = context
         self._on_fault = on_fault
@@ -129,10 +116,7 @@ class CompletionReactor:
                 if queue is None:
                     queue = self._pending[key] = deque()
                 queue.append(watch)
-                if self.kind == "sync":
-                    if key not in self._threads:
-                        self._start(key, self._run_stream, queue)
-                elif not self._threads:
+                if not self._threads:
                     self._start(0, self._run_poll, None)
                 self._work.notify_all()
         if fault is not None:
@@ -154,7 +138,7 @@ class CompletionReactor:
         self._fire(pending, error)
 
     def close(self) -> None:
-        """Stop the reactor's threads (after the backend drained its work)."""
+        """Stop the reactor's thread (after the backend drained its work)."""
         with self.lock:
             self._stopping = True
             self._work.notify_all()
@@ -171,43 +155,6 @@ class CompletionReactor:
         thread.start()
 
     # ----- the reactor threads -------------------------------------------------------------
-
-    def _run_stream(self, key: int, queue: deque[_Watch]) -> None:
-        """Wait, in ``cuEventSynchronize``, for one stream's watches in order."""
-        d = driver()
-        d.cuCtxSetCurrent(self._context)
-        query, not_ready = d.cuEventQuery, d.CUresult.CUDA_ERROR_NOT_READY
-        while True:
-            with self.lock:
-                deadline = time.monotonic() + _IDLE_EXIT_SECONDS
-                while not queue and not self._stopping:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        del self._threads[key]
-                        if self._pending.get(key) is queue:
-                            del self._pending[key]
-                        return
-                    self._work.wait(remaining)
-                if self._stopping:
-                    return
-                watch = queue[0]
-            (result,) = d.cuEventSynchronize(watch.event)
-            error = translate(result, "waiting for an event") if int(result) else None
-            done = [watch]
-            with self.lock:
-                if queue and queue[0] is watch:
-                    queue.popleft()
-                # Later events of the stream that completed too go in the same batch.
-                while error is None and queue and len(done) < _BATCH:
-                    if query(queue[0].event)[0] == not_ready:
-                        break
-                    done.append(queue.popleft())
-            self._fire(done, error)
-            if isinstance(error, DeviceFault):
-                self._on_fault(error)
-                self.fail_all(error)
-            if len(done) > 1:
-                time.sleep(0)  # hand the GIL to the event loop between bursts
 
     def _run_poll(self, key: int, queue: None) -> None:
         """Query the oldest watch of every stream, sleeping briefly between sweeps."""
