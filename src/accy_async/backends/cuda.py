@@ -74,7 +74,16 @@ _MIN_STAGING: Final = 4096
 class _Kernel:
     """A loaded function with its reusable argument array."""
 
-    __slots__ = ("argument_count", "formats", "function", "module", "params", "pointers", "slots")
+    __slots__ = (
+        "argument_count",
+        "formats",
+        "function",
+        "launcher",
+        "module",
+        "params",
+        "pointers",
+        "slots",
+    )
 
     def __init__(self, module: Any, function: Any, argument_count: int) -> None:
         self.module = module
@@ -86,6 +95,7 @@ class _Kernel:
         self.pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
         self.params = ctypes.addressof(self.pointers)
         self.formats: dict[tuple[str, ...], struct.Struct] = {}
+        self.launcher: _CudaStageLauncher | None = None
 
     def packer(self, buffer_count: int, scalar_types: tuple[str, ...]) -> struct.Struct:
         packer = self.formats.get(scalar_types)
@@ -498,37 +508,19 @@ class CudaBackend(Backend):
         signal_event: EventHandle | None,
         diagnostic_id: str | None,
     ) -> None:
-        if wait_events:
-            for event in wait_events:
-                self._wait(stream, event)
-        kernel: _Kernel = loaded.native
-        kernel.packer(len(buffers), tuple([argument.type_name for argument in scalars])).pack_into(
-            kernel.slots,
-            0,
-            *[binding.address for binding in buffers],
-            *[argument.value for argument in scalars],
+        self._launcher_of(loaded)(
+            buffers, scalars, grid, block, shared_memory_bytes, stream, wait_events, signal_event
         )
-        (result,) = self._launch_kernel(
-            kernel.function,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
-            shared_memory_bytes,
-            stream.native,
-            kernel.params,
-            0,
-        )
-        if result:
-            self._raise(result, f"launching {loaded.artifact.spec.kernel_name}")
-        if signal_event is not None:
-            self._record(signal_event, stream)
 
     def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
         """A launcher with the kernel's argument array, packer and driver call bound once."""
-        return _CudaStageLauncher(self, loaded)
+        return self._launcher_of(loaded)
+
+    def _launcher_of(self, loaded: LoadedArtifact) -> _CudaStageLauncher:
+        kernel: _Kernel = loaded.native
+        if kernel.launcher is None:
+            kernel.launcher = _CudaStageLauncher(self, loaded)
+        return kernel.launcher
 
     # ----- completion ----------------------------------------------------------------------
 
@@ -674,7 +666,9 @@ class _CudaStageLauncher(StageLauncher):
         self._pack_for(len(buffers), scalars).pack_into(
             kernel.slots, 0, *[binding.address for binding in buffers], *self._state[1]
         )
-        self._enqueue(grid, block, shared_memory_bytes, stream, wait_events, signal_event)
+        self.launch_prepared(
+            (kernel.params,), grid, block, shared_memory_bytes, stream, wait_events, signal_event
+        )
 
     def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
         """Argument storage of its own: packed slots, the ``void*`` array over them, its address."""
@@ -722,42 +716,6 @@ class _CudaStageLauncher(StageLauncher):
             shared_memory_bytes,
             stream.native,
             prepared[0],
-            0,
-        )
-        if result:
-            backend._raise(result, f"launching {self._name}")
-        if signal_event is not None:
-            backend._record(signal_event, stream)
-
-    def _enqueue(
-        self,
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
-        stream: StreamHandle | None,
-        wait_events: Sequence[EventHandle],
-        signal_event: EventHandle | None,
-    ) -> None:
-        backend = self._cuda
-        if backend._unusable is not None:
-            backend._raise_unusable()
-        if stream is None:
-            stream = backend._default_stream
-        if wait_events:
-            for event in wait_events:
-                backend._wait(stream, event)
-        kernel = self._kernel
-        (result,) = self._launch(
-            kernel.function,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
-            shared_memory_bytes,
-            stream.native,
-            kernel.params,
             0,
         )
         if result:
