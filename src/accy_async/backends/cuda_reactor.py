@@ -175,6 +175,7 @@ class CompletionReactor:
                     return
                 queues = list(self._pending.values())
             completed: list[_Watch] = []
+            fired = 0
             fault: DeviceFault | None = None
             for queue_of_stream in queues:
                 while queue_of_stream:
@@ -190,20 +191,26 @@ class CompletionReactor:
                         self._fire([watch], error)
                         continue
                     completed.append(watch)
+                    if len(completed) == _BATCH:
+                        # A burst: fire what is done so far and let the event loop take
+                        # the GIL before querying on.
+                        self._fire(completed, None)
+                        fired += len(completed)
+                        completed = []
+                        sleep(0)
             if completed:
                 self._fire(completed, None)
-                if len(completed) > 1:
-                    sleep(0)  # hand the GIL to the event loop between bursts
+                fired += len(completed)
             if fault is not None:
                 self._on_fault(fault)
                 self.fail_all(fault)
-            elif not completed:
+            elif not fired:
                 sleep(interval)
 
     def _fire(self, watches: list[_Watch], error: AccyError | None) -> None:
         for count, watch in enumerate(watches, 1):
             if not count % _BATCH:
-                time.sleep(0)  # hand the GIL to the event loop during long bursts
+                time.sleep(0)  # hand the GIL to the event loop during long bursts (fail_all)
             with self.lock:
                 if watch.done:
                     continue
