@@ -1,4 +1,7 @@
-"""Which threads spend CPU while accy-async waits for 2 ms kernels (diagnostic)."""
+"""Which threads spend CPU while accy-async waits for 2 ms kernels (diagnostic).
+
+python benchmarks/thread_cpu.py ANTICIPATION_SECONDS
+"""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ def thread_times() -> dict[str, float]:
     return result
 
 
-async def main(kind: str, anticipation: float) -> None:
+async def main(anticipation: float) -> None:
     rig = Rig()
     backend = CudaBackend(anticipation=anticipation)
     stream, event = backend.create_stream(), backend.create_event()
@@ -39,11 +42,11 @@ async def main(kind: str, anticipation: float) -> None:
     wall = time.perf_counter() - start
     after = thread_times()
     used: dict[str, Any] = {k: round((after[k] - before.get(k, 0)) / wall, 3) for k in after}
-    print(kind, anticipation, {k: v for k, v in used.items() if v > 0.01}, flush=True)
+    print("anticipation", anticipation, {k: v for k, v in used.items() if v > 0.01}, flush=True)
     backend.destroy_all([stream, event])
     await backend.aclose()
     rig.close()
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1], float(sys.argv[2]))
+    anyio.run(main, float(sys.argv[1]))

@@ -190,8 +190,8 @@ def wake_probe(library: str, busy: bool, trials: int = 200) -> dict[str, Any]:
     }
 
 
-def ten_thousand(kind: str) -> dict[str, Any]:
-    """Time parking 10,000 waiters behind a 2 s kernel with each reactor."""
+def ten_thousand() -> dict[str, Any]:
+    """Time parking 10,000 waiters behind a 2 s kernel."""
     from tests.kernels import spec
 
     import accy_async as accy
@@ -235,7 +235,6 @@ def ten_thousand(kind: str) -> dict[str, Any]:
         backend.destroy_all([slow, buffer, *streams, *events])
         await backend.aclose()
         return {
-            "reactor": kind,
             "enqueued_s": round(enqueued, 3),
             "parked_s": round(parked, 3),
             "completed_when_parked": completed_when_parked,

@@ -40,6 +40,7 @@ from .backends.base import (
     CompletionRegistration,
     DeviceObject,
     EventHandle,
+    Latch,
     PendingRead,
     StreamHandle,
 )
@@ -265,72 +266,22 @@ async def release_when_idle(
         backend.destroy_all(objects)
 
 
-class CompletionLatch:
-    """A completion that fires once and that any number of tasks may await.
+class CompletionLatch(Latch):
+    """A :class:`~accy_async.backends.base.Latch` that tasks can await.
 
     Hand the latch itself to a backend as the callback (it is callable), then
     ``await latch.wait()`` from as many tasks as you like.
     """
 
-    __slots__ = ("_callbacks", "_done", "_error", "_lock")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._done = False
-        self._error: BaseException | None = None
-        self._callbacks: list[CompletionCallback] = []
-
-    def __call__(self, error: BaseException | None) -> None:
-        """Fire the latch (the backend calls this, from any thread)."""
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            self._error = error
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(error)
-
-    @property
-    def done(self) -> bool:
-        """Whether the completion has arrived."""
-        return self._done
-
-    def register(self, callback: CompletionCallback) -> CompletionRegistration:
-        """Call ``callback`` once the latch fires (at once if it has)."""
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(callback)
-                return _LatchRegistration(self, callback)
-        callback(self._error)
-        return _LatchRegistration(self, callback)
-
-    def _withdraw(self, callback: CompletionCallback) -> bool:
-        with self._lock:
-            try:
-                self._callbacks.remove(callback)
-            except ValueError:
-                return False
-            return True
+    __slots__ = ()
 
     async def wait(self) -> None:
         """Return once the latch fired; raise the error it fired with, if any."""
-        if self._done:
-            if self._error is not None:
-                raise _fresh(self._error)
+        if self.done:
+            if self.error is not None:
+                raise _fresh(self.error)
             return
         await wait_completion(self.register)
-
-
-class _LatchRegistration(CompletionRegistration):
-    __slots__ = ("_callback", "_latch")
-
-    def __init__(self, latch: CompletionLatch, callback: CompletionCallback) -> None:
-        self._latch = latch
-        self._callback = callback
-
-    def cancel(self) -> bool:
-        return self._latch._withdraw(self._callback)
 
 
 async def wait_completion(register: Register) -> None:

@@ -50,6 +50,7 @@ __all__ = [
     "DeviceObject",
     "EventHandle",
     "KernelArtifact",
+    "Latch",
     "Limits",
     "LoadedArtifact",
     "Ownership",
@@ -240,6 +241,71 @@ class _AlreadyFired(CompletionRegistration):
 
 ALREADY_FIRED: Final[CompletionRegistration] = _AlreadyFired()
 """The registration of a callback that ran before its registration returned."""
+
+
+class Latch:
+    """A completion that fires once, and any number of callbacks waiting for it.
+
+    It is itself a :data:`CompletionCallback`: hand it to a backend, then
+    :meth:`register` callbacks (before or after it fired). Thread-safe.
+    """
+
+    __slots__ = ("_callbacks", "_done", "_error", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._callbacks: list[CompletionCallback] = []
+
+    def __call__(self, error: BaseException | None) -> None:
+        """Fire the latch (from any thread); later calls are ignored."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            self._error = error
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(error)
+
+    @property
+    def done(self) -> bool:
+        """Whether the completion has arrived."""
+        return self._done
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error it fired with, if any."""
+        return self._error
+
+    def register(self, callback: CompletionCallback) -> CompletionRegistration:
+        """Call ``callback`` once the latch fires (at once if it has)."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return _LatchRegistration(self, callback)
+        callback(self._error)
+        return ALREADY_FIRED
+
+    def _withdraw(self, callback: CompletionCallback) -> bool:
+        with self._lock:
+            try:
+                self._callbacks.remove(callback)
+            except ValueError:
+                return False
+            return True
+
+
+class _LatchRegistration(CompletionRegistration):
+    __slots__ = ("_callback", "_latch")
+
+    def __init__(self, latch: Latch, callback: CompletionCallback) -> None:
+        self._latch = latch
+        self._callback = callback
+
+    def cancel(self) -> bool:
+        return self._latch._withdraw(self._callback)
 
 
 class PendingRead(abc.ABC):

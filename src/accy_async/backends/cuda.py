@@ -47,6 +47,7 @@ from .base import (
     DeviceObject,
     EventHandle,
     KernelArtifact,
+    Latch,
     Limits,
     LoadedArtifact,
     PendingRead,
@@ -186,13 +187,11 @@ class _CudaRead(PendingRead):
     __slots__ = ("_backend", "_capacity", "_done", "_error", "_host", "_latch", "_size")
 
     def __init__(self, backend: CudaBackend, host: int, capacity: int, size: int) -> None:
-        from ..waiting import CompletionLatch
-
         self._backend = backend
         self._host = host
         self._capacity = capacity
         self._size = size
-        self._latch = CompletionLatch()
+        self._latch = Latch()
         self._done = False
 
     @property
