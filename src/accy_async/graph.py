@@ -279,6 +279,7 @@ async def launch_graph(
             counts.get(kernels.kernel_ids[kernel_index]),
             tuning=node.tuning,
             runtime_scalar_arguments=node.runtime_scalar_arguments,
+            pack=True,
         )
         for kernel_index, node in schedule.variants
     ]
@@ -408,6 +409,7 @@ class _Run:
                     self.counts.get(kernel_ids[node.kernel_index]),
                     tuning=node.tuning,
                     runtime_scalar_arguments=node.runtime_scalar_arguments,
+                    pack=True,
                 )
                 for node in self.schedule.graph.nodes[first:end]
             ]

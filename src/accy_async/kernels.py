@@ -125,7 +125,7 @@ class PreparedLaunch:
     launcher: StageLauncher
     """The backend's bound launcher of ``loaded``, for trusted (pre-checked) launches."""
     arguments: Any
-    """``buffers`` and ``scalars`` as ``launcher.prepare`` packed them."""
+    """``buffers`` and ``scalars`` as ``launcher.prepare`` packed them (``pack=True``)."""
 
 
 async def load_kernels(backend: Backend, artifact_plan: ArtifactPlan) -> LoadedKernels:
@@ -257,10 +257,12 @@ class LoadedKernels:
         tuning: LaunchTuning = NO_TUNING,
         runtime_scalar_arguments: Sequence[ScalarArgument] = (),
         artifact_plan: ArtifactPlan | None = None,
+        pack: bool = False,
     ) -> PreparedLaunch:
         """Resolve bindings, fills, scalars and geometry of one launch, without enqueuing.
 
-        The graph runner prepares each distinct launch once and enqueues it
+        The graph runner prepares each distinct launch once (with ``pack``, so
+        the backend packs its arguments for trusted launches) and enqueues it
         many times; :meth:`launch_kernel` prepares and enqueues.
         """
         planned = self._planned(kernel_index, artifact_plan)
@@ -327,7 +329,7 @@ class LoadedKernels:
             fills=tuple(fills),
             diagnostic_id=planned.artifact.diagnostic_id,
             launcher=launcher,
-            arguments=launcher.prepare(buffers, scalars),
+            arguments=launcher.prepare(buffers, scalars) if pack else None,
         )
 
     def enqueue(
@@ -343,14 +345,15 @@ class LoadedKernels:
 
         ``trusted`` skips the backend's per-launch checks, for callers that
         have checked (with :meth:`check_live`) that the prepared launch's
-        buffers and the events and stream given are live.
+        buffers and the events and stream given are live, and prepared it
+        with ``pack``.
         """
         backend = self.backend
         if prepared.fills:
             for binding, pattern, byte_size in prepared.fills:
                 _fill(backend, binding, pattern, byte_size, stream)
         self._streams_used.add(stream)
-        if trusted:
+        if trusted and prepared.arguments is not None:
             prepared.launcher.launch_prepared(
                 prepared.arguments,
                 prepared.grid,
