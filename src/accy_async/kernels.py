@@ -43,6 +43,7 @@ from .plan import (
     LaunchTuning,
     PlannedKernel,
     ScalarArgument,
+    Slot,
     validate_plan,
 )
 from .plan.artifact_plan import NO_TUNING
@@ -167,9 +168,7 @@ class LoadedKernels:
         self.kernel_ids: tuple[int, ...] = tuple(k.kernel_id for k in artifact_plan.kernels)
         self._streams_used: set[StreamHandle | None] = set()
         self._closed = False
-        self._slot_sizes: dict[int, int | None] = {
-            slot.slot_id: slot.byte_size for slot in artifact_plan.slots
-        }
+        self._slots: dict[int, Slot] = {slot.slot_id: slot for slot in artifact_plan.slots}
         self._launchers = tuple(backend.stage_launcher(each) for each in self.loaded)
 
     @property
@@ -505,13 +504,10 @@ class LoadedKernels:
     def _fill_plan(
         self, plan: ArtifactPlan, slot_id: int, binding: BufferBinding, pattern: int
     ) -> tuple[BufferBinding, int, int]:
-        byte_size = (
-            self._slot_sizes.get(slot_id)
-            if plan is self.artifact_plan
-            else getattr(plan.slot_by_id(slot_id), "byte_size", None)
-        )
-        if slot_id not in self._slot_sizes and plan.slot_by_id(slot_id) is None:
+        slot = self._slots.get(slot_id) if plan is self.artifact_plan else plan.slot_by_id(slot_id)
+        if slot is None:
             raise InvalidArtifact(f"slot {slot_id} is not a slot of the plan")
+        byte_size = slot.byte_size
         if byte_size is None:
             raise UnsupportedOperation(f"slot {slot_id} has no byte_size, so it cannot be filled")
         if byte_size == 0 or byte_size % 4:

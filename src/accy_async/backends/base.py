@@ -35,7 +35,6 @@ from ..errors import (
     LimitExceeded,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
-from ..plan._base import MAX_LAUNCH_ARGUMENTS
 
 __all__ = [
     "ALREADY_FIRED",
@@ -690,15 +689,8 @@ class Backend(abc.ABC):
                 f"{artifact.spec.kernel_name} takes {artifact.buffer_argument_count} buffers and "
                 f"{artifact.scalar_argument_count} scalars, got {len(buffers)} and {len(scalars)}"
             )
+        self.check_bindings(buffers, "$.buffers")
         live = self._live
-        for binding in buffers:
-            handle = binding.handle
-            if live.get(handle.id) is not handle:
-                raise InvalidBuffer(f"{handle!r} is not a live buffer of this backend")
-            if binding.offset < 0 or binding.offset + binding.byte_size > handle.byte_size:
-                raise InvalidBuffer(
-                    f"{binding!r} is outside its buffer of {handle.byte_size} bytes"
-                )
         for event in wait_events:
             if live.get(event.id) is not event:
                 raise InvalidBuffer(f"{event!r} is not a live event of this backend")
@@ -977,12 +969,11 @@ class Backend(abc.ABC):
         return stream
 
     def _check_live(self, obj: DeviceObject) -> None:
-        if self._live.get(obj.id) is not obj:
-            raise InvalidBuffer(f"{obj!r} is not a live object of this backend")
+        if not self.owns(obj):
+            raise InvalidBuffer(f"{obj!r} is not a live {obj.kind} of this backend")
 
     def _check_buffer(self, buffer: BufferHandle) -> None:
-        if self._live.get(buffer.id) is not buffer:
-            raise InvalidBuffer(f"{buffer!r} is not a live buffer of this backend")
+        self._check_live(buffer)
 
     def _check_range(self, buffer: BufferHandle, offset: int, size: int) -> None:
         self._check_buffer(buffer)
@@ -1078,6 +1069,3 @@ class Backend(abc.ABC):
         """The address a kernel sees for a buffer's ``native`` object (0 if none)."""
         del native
         return 0
-
-
-MAX_BUFFERS_PER_LAUNCH: Final = MAX_LAUNCH_ARGUMENTS

@@ -177,7 +177,6 @@ class CpuBackend(Backend):
 
     def __init__(self, *, limits: Limits | None = None) -> None:
         super().__init__(limits=limits)
-        self._lock = threading.Lock()
         self._events: dict[int, _CpuEvent] = {}
         self._workers: dict[int, _Worker] = {}
         default_id = DEFAULT_STREAM_ID

@@ -85,7 +85,7 @@ class CompletionReactor:
         self._on_fault = on_fault
         self._poll_interval = poll_interval
         self._pending: dict[int, deque[_Watch]] = {}
-        self._threads: dict[int, threading.Thread] = {}
+        self._thread: threading.Thread | None = None
         self._fault: AccyError | None = None
         self._stopping = False
         self._work = threading.Condition(self.lock)
@@ -116,8 +116,11 @@ class CompletionReactor:
                 if queue is None:
                     queue = self._pending[key] = deque()
                 queue.append(watch)
-                if not self._threads:
-                    self._start(0, self._run_poll, None)
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="accy-cuda-reactor", daemon=True
+                    )
+                    self._thread.start()
                 self._work.notify_all()
         if fault is not None:
             callback(fault)
@@ -142,23 +145,14 @@ class CompletionReactor:
         with self.lock:
             self._stopping = True
             self._work.notify_all()
-            threads = list(self._threads.values())
-        for thread in threads:
+            thread = self._thread
+        if thread is not None:
             thread.join(timeout=5)
-
-    def _start(self, key: int, target: Callable[..., None], queue: Any) -> None:
-        """Start a reactor thread; the caller holds the lock."""
-        thread = threading.Thread(
-            target=target, args=(key, queue), name=f"accy-cuda-reactor-{key:x}", daemon=True
-        )
-        self._threads[key] = thread
-        thread.start()
 
     # ----- the reactor threads -------------------------------------------------------------
 
-    def _run_poll(self, key: int, queue: None) -> None:
+    def _run(self) -> None:
         """Query the oldest watch of every stream, sleeping briefly between sweeps."""
-        del key, queue
         d = driver()
         d.cuCtxSetCurrent(self._context)
         libc().prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
@@ -171,7 +165,6 @@ class CompletionReactor:
                 while not any(self._pending.values()) and not self._stopping:
                     self._work.wait()
                 if self._stopping:
-                    del self._threads[0]
                     return
                 queues = list(self._pending.values())
             completed: list[_Watch] = []
