@@ -193,3 +193,18 @@ async def load(backend: accy.Backend, name: str) -> accy.LoadedArtifact:
 def grid_for(n: int, block: int = 128) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """A 1-D grid and block covering ``n`` elements."""
     return (max(1, -(-n // block)), 1, 1), (block, 1, 1)
+
+
+TUNE_PROBE_CALLS: list[int] = [0]
+"""How many times ``tests.tune_probe`` ran (tests of shared tuning runs read it)."""
+
+
+@accy.cpu_kernel("tests.tune_probe")
+def tune_probe(ctx: accy.CpuLaunchContext, out: np.ndarray, n: int) -> None:
+    """Fastest at block 128 without ``-DSLOW``; ``-DHANG`` blocks on :data:`GATE`."""
+    TUNE_PROBE_CALLS[0] += 1
+    if ctx.define("HANG", 0) and not GATE.wait(timeout=60):
+        raise TimeoutError("the test never opened the gate")
+    steps = abs(ctx.block[0].bit_length() - 8) + 2 * ctx.define("SLOW", 0)  # 128 has 8 bits
+    time.sleep((1 + steps) * 400e-6)
+    out.view(np.uint32)[0] = ctx.block[0]

@@ -4,6 +4,7 @@
 ``run``       a pipeline plan file (or a built-in plan's name) on generated or .npy operands
 ``validate``  every error of plan files, each with its path
 ``schema``    the JSON Schema of plan files
+``tune``      tune kernels and pipelines (the built-in ones by default), cached
 ``bench``     launch cost and completion latency on the GPU, beside their anchors
 """
 
@@ -23,17 +24,17 @@ import msgspec
 import numpy as np
 
 from . import library
-from .backends import Backend, auto_backend_choice, open_backend
+from .backends import auto_backend_choice, open_backend
 from .buffers import download, upload
 from .errors import AccyError, InvalidArtifact, PlanError
 from .pipeline import (
     PipelineLaunch,
     allocate_pipeline_intermediates,
+    choose_format,
     launch_pipeline,
     load_pipeline_artifacts,
 )
 from .plan import (
-    ArtifactFormat,
     DType,
     LaunchGraphDocument,
     PipelineDocument,
@@ -44,6 +45,7 @@ from .plan import (
     resolve_quantity,
     scalar,
 )
+from .tune_command import add_tune_parser, tune
 from .waiting import wait_stream
 
 __all__ = ["main"]
@@ -65,25 +67,11 @@ class Progress:
             print(f"[{elapsed:7.3f} s] {message}", file=self.stream, flush=True)
 
 
-def choose_format(backend: Backend, document: PipelineDocument) -> ArtifactFormat:
-    """The first of the backend's preferred formats that the plan's registry provides."""
-    available = document.registry.formats()
-    for candidate in backend.preferred_formats:
-        if candidate in available:
-            return candidate
-    raise AccyError(
-        f"the plan has no kernels for the {backend.kind} backend "
-        f"(it has {sorted(f.value for f in available)})"
-    )
-
-
-def load_document(reference: str) -> PipelineDocument | LaunchGraphDocument:
+def load_document(reference: str) -> PlanDocument:
     """A plan from a file path, or a built-in plan by name."""
     path = Path(reference)
     if path.exists():
-        document: PipelineDocument | LaunchGraphDocument = decode_json(
-            path.read_bytes(), PlanDocument
-        )
+        document: PlanDocument = decode_json(path.read_bytes(), PlanDocument)
         return document
     if reference in library.BUILTIN_PLANS:
         return library.load_builtin(reference)
@@ -291,7 +279,7 @@ def validate(args: argparse.Namespace) -> int:
                         )
                         for problem in document.pipeline.problems(document.registry, fmt)
                     )
-            elif document.graph is not None:
+            elif isinstance(document, LaunchGraphDocument) and document.graph is not None:
                 try:
                     document.graph.validate(document.artifact_plan)
                 except AccyError as exc:
@@ -350,6 +338,8 @@ def parser() -> argparse.ArgumentParser:
     schema_cmd = commands.add_parser("schema", help="print the JSON Schema of plan files")
     schema_cmd.add_argument("--output", help="write it to this file")
 
+    add_tune_parser(commands, BACKENDS)
+
     bench_cmd = commands.add_parser(
         "bench", help="GPU launch cost and completion latency", add_help=False
     )
@@ -370,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(demo, args)
         if args.command == "run":
             return anyio.run(run, args)
+        if args.command == "tune":
+            return anyio.run(tune, args)
         if args.command == "validate":
             return validate(args)
         return schema(args)

@@ -46,6 +46,7 @@ from .errors import (
     InvalidBuffer,
     LaunchArgumentMismatch,
     LimitExceeded,
+    UnsupportedOperation,
 )
 from .plan import (
     ArtifactFormat,
@@ -55,6 +56,7 @@ from .plan import (
     KernelCallPipeline,
     KernelCallRegistry,
     Operand,
+    PipelineDocument,
     PipelineIntermediate,
     RegistryEntry,
     ScalarArgument,
@@ -71,6 +73,7 @@ __all__ = [
     "PipelineLaunch",
     "PoolEntry",
     "allocate_pipeline_intermediates",
+    "choose_format",
     "intermediate_byte_size",
     "launch_pipeline",
     "load_pipeline_artifacts",
@@ -362,6 +365,21 @@ def _derive(
 
 
 # ----- public operations -------------------------------------------------------------------
+
+
+def choose_format(backend: Backend, document: PipelineDocument) -> ArtifactFormat:
+    """The first of the backend's preferred formats that the document's registry provides.
+
+    Raises :class:`UnsupportedOperation` when the registry has none of them.
+    """
+    available = document.registry.formats()
+    for candidate in backend.preferred_formats:
+        if candidate in available:
+            return candidate
+    raise UnsupportedOperation(
+        f"the plan has no kernels for the {backend.kind} backend "
+        f"(it has {sorted(f.value for f in available)})"
+    )
 
 
 def intermediate_byte_size(

@@ -25,6 +25,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal, TypeAlias
 
+import anyio
+import msgspec
+
 from ..errors import (
     AccyError,
     BackendClosed,
@@ -33,6 +36,7 @@ from ..errors import (
     InvalidBuffer,
     LaunchArgumentMismatch,
     LimitExceeded,
+    UnsupportedOperation,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
 
@@ -46,6 +50,7 @@ __all__ = [
     "BufferHandle",
     "CompletionCallback",
     "CompletionRegistration",
+    "DeviceIdentity",
     "DeviceObject",
     "EventHandle",
     "KernelArtifact",
@@ -397,6 +402,21 @@ class StageLauncher:
         )
 
 
+class DeviceIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a measurement on a device depends on; tuning results are keyed by it.
+
+    ``uuid`` tells two devices of one model apart; ``driver`` and ``compiler``
+    are the versions that decide the code that runs (driver and NVRTC on CUDA,
+    NumPy and Python on the CPU).
+    """
+
+    kind: str
+    name: str
+    uuid: str
+    driver: str
+    compiler: str
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Bounds checked before anything is allocated.
@@ -437,6 +457,7 @@ class Backend(abc.ABC):
         self._deferred_ready: deque[int] = deque()
         self._deferred_tokens = itertools.count()
         self._deferred_lock = threading.Lock()
+        self._timing_events: set[int] = set()
 
     # ----- what a backend is ---------------------------------------------------------------
 
@@ -459,6 +480,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def default_stream(self) -> StreamHandle:
         """The stream work goes to when none is given (not CUDA's legacy NULL stream)."""
+
+    @property
+    @abc.abstractmethod
+    def identity(self) -> DeviceIdentity:
+        """The device, driver and compiler this backend runs on (keys tuning results)."""
+
+    @property
+    def cache_flush_bytes(self) -> int:
+        """Bytes to write to evict the device's last-level cache before a timed sample."""
+        return 64 * 1024 * 1024
 
     @property
     def fault(self) -> DeviceFault | None:
@@ -614,10 +645,16 @@ class Backend(abc.ABC):
         return await self._create_artifact(spec)
 
     async def load_artifact(self, artifact: KernelArtifact) -> LoadedArtifact:
-        """Load a created artifact onto the device; destroy the result exactly once."""
+        """Load a created artifact onto the device; destroy the result exactly once.
+
+        The load itself is shielded from cancellation, so a cancelled caller
+        still gets the loaded artifact back (and is cancelled at its next
+        checkpoint) instead of leaking a module loaded in a worker thread.
+        """
         self._check_usable()
         object_id = next(self._ids)
-        native = await self._load_artifact(object_id, artifact)
+        with anyio.CancelScope(shield=True):
+            native = await self._load_artifact(object_id, artifact)
         loaded = LoadedArtifact(self.backend_id, object_id, native, artifact)
         self._live[object_id] = loaded
         return loaded
@@ -632,13 +669,36 @@ class Backend(abc.ABC):
         self._live[object_id] = stream
         return stream
 
-    def create_event(self) -> EventHandle:
-        """A new event (timing disabled). Never recorded, it counts as complete."""
+    def create_event(self, *, timing: bool = False) -> EventHandle:
+        """A new event. Never recorded, it counts as complete.
+
+        Dependency events keep timing off (it is cheaper on CUDA); ``timing``
+        events can be given to :meth:`elapsed_seconds`.
+        """
         self._check_usable()
         object_id = next(self._ids)
-        event = EventHandle(self.backend_id, object_id, self._create_event(object_id))
+        event = EventHandle(self.backend_id, object_id, self._create_event(object_id, timing))
         self._live[object_id] = event
+        if timing:
+            self._timing_events.add(object_id)
         return event
+
+    def elapsed_seconds(self, start: EventHandle, end: EventHandle) -> float:
+        """Device time between the completion of ``start``'s and ``end``'s latest records.
+
+        Both must be live timing events (``create_event(timing=True)``) whose
+        records have completed, else :class:`UnsupportedOperation`. On the CPU
+        backend this is the wall-clock time between the two records running on
+        their streams' worker threads.
+        """
+        self._check_usable()
+        for event in (start, end):
+            self._check_live(event)
+            if event.id not in self._timing_events:
+                raise UnsupportedOperation(f"{event!r} was created without timing")
+            if not self._query_event(event):
+                raise UnsupportedOperation(f"{event!r} has not completed")
+        return self._elapsed(start, end)
 
     def record_event(self, event: EventHandle, stream: StreamHandle | None = None) -> None:
         """Record ``event`` on ``stream``: it completes when the work enqueued before has."""
@@ -812,6 +872,7 @@ class Backend(abc.ABC):
         if obj.backend_id != self.backend_id or self._live.get(obj.id) is not obj:
             raise InvalidBuffer(f"{obj!r} is not a live object of this backend (destroyed twice?)")
         del self._live[obj.id]
+        self._timing_events.discard(obj.id)
         if isinstance(obj, BufferHandle):
             self._live_bytes -= obj.byte_size
             if obj.ownership is Ownership.EXTERNAL:
@@ -1011,7 +1072,11 @@ class Backend(abc.ABC):
     def _create_stream(self, object_id: int) -> Any: ...
 
     @abc.abstractmethod
-    def _create_event(self, object_id: int) -> Any: ...
+    def _create_event(self, object_id: int, timing: bool) -> Any: ...
+
+    @abc.abstractmethod
+    def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
+        """Seconds between two completed timing events' latest records."""
 
     @abc.abstractmethod
     def _record(self, event: EventHandle, stream: StreamHandle) -> None: ...

@@ -15,12 +15,13 @@ is dropped, and new work is refused.
 from __future__ import annotations
 
 import os
+import platform
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, NamedTuple
 
 import anyio.to_thread
 import numpy as np
@@ -34,6 +35,7 @@ from .base import (
     BufferHandle,
     CompletionCallback,
     CompletionRegistration,
+    DeviceIdentity,
     DeviceObject,
     EventHandle,
     KernelArtifact,
@@ -42,7 +44,7 @@ from .base import (
     PendingRead,
     StreamHandle,
 )
-from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel
+from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel, parse_defines
 
 __all__ = ["CpuBackend"]
 
@@ -75,15 +77,27 @@ class _Completion(CompletionRegistration):
             return True
 
 
-class _CpuEvent:
-    """An event's records: ``recorded`` counts records, ``completed`` the last one run."""
+class _CpuImage(NamedTuple):
+    """A created CPU artifact: the registered function and its defines."""
 
-    __slots__ = ("completed", "condition", "recorded", "waiters")
+    function: Callable[..., None]
+    defines: Mapping[str, str]
+
+
+class _CpuEvent:
+    """An event's records: ``recorded`` counts records, ``completed`` the last one run.
+
+    ``completed_at`` is when (``time.perf_counter()``) the last record ran on
+    its worker thread, for :meth:`CpuBackend.elapsed_seconds`.
+    """
+
+    __slots__ = ("completed", "completed_at", "condition", "recorded", "waiters")
 
     def __init__(self) -> None:
         self.condition = threading.Condition(threading.Lock())
         self.recorded = 0
         self.completed = 0
+        self.completed_at = 0.0
         self.waiters: list[tuple[int, _Completion]] = []
 
 
@@ -170,6 +184,15 @@ class _CpuRead(PendingRead):
         self._data = None
 
 
+def _machine_id() -> str:
+    """``/etc/machine-id`` where there is one, else the host name."""
+    try:
+        with open("/etc/machine-id", encoding="ascii") as file:
+            return file.read().strip() or platform.node()
+    except OSError:
+        return platform.node()
+
+
 class CpuBackend(Backend):
     """Runs plans on the CPU, a worker thread per stream; see the module docstring."""
 
@@ -189,6 +212,17 @@ class CpuBackend(Backend):
     def name(self) -> str:
         """The device's name."""
         return f"CPU ({os.cpu_count() or 1} cores, NumPy {np.__version__})"
+
+    @property
+    def identity(self) -> DeviceIdentity:
+        """The machine's processor, NumPy and Python."""
+        return DeviceIdentity(
+            kind="cpu",
+            name=f"{platform.machine()} {platform.processor() or '?'} x{os.cpu_count() or 1}",
+            uuid=_machine_id(),
+            driver=f"numpy {np.__version__}",
+            compiler=f"{platform.python_implementation()} {platform.python_version()}",
+        )
 
     @property
     def formats(self) -> frozenset[ArtifactFormat]:
@@ -273,10 +307,14 @@ class CpuBackend(Backend):
                 f"no CPU kernel is registered as {payload.name!r}; register one with "
                 "@accy_async.cpu_kernel"
             )
-        return KernelArtifact(spec, function, "cpu")
+        try:
+            defines = parse_defines(spec.compile_options)
+        except ValueError as exc:
+            raise InvalidArtifact(str(exc), path="$.compile_options") from exc
+        return KernelArtifact(spec, _CpuImage(function, defines), "cpu")
 
     async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
-        if not callable(artifact.image):
+        if not isinstance(artifact.image, _CpuImage):
             raise InvalidArtifact(f"{artifact!r} holds no CPU kernel")
         return artifact.image
 
@@ -285,10 +323,15 @@ class CpuBackend(Backend):
         self._workers[object_id] = worker
         return worker
 
-    def _create_event(self, object_id: int) -> Any:
+    def _create_event(self, object_id: int, timing: bool) -> Any:
         event = _CpuEvent()
         self._events[object_id] = event
         return event
+
+    def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
+        first: _CpuEvent = start.native
+        last: _CpuEvent = end.native
+        return last.completed_at - first.completed_at
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         state: _CpuEvent = event.native
@@ -297,9 +340,11 @@ class CpuBackend(Backend):
             target = state.recorded
 
         def complete() -> Callable[[], None] | None:
+            now = time.perf_counter()
             with state.condition:
                 if target > state.completed:
                     state.completed = target
+                    state.completed_at = now
                 state.condition.notify_all()
                 if not state.waiters:
                     return None
@@ -342,8 +387,15 @@ class CpuBackend(Backend):
     ) -> None:
         for event in wait_events:
             self._wait(stream, event)
-        function = loaded.native
-        context = CpuLaunchContext(tuple(grid), tuple(block), shared_memory_bytes, diagnostic_id)  # type: ignore[arg-type]
+        image: _CpuImage = loaded.native
+        function = image.function
+        context = CpuLaunchContext(
+            tuple(grid),  # type: ignore[arg-type]
+            tuple(block),  # type: ignore[arg-type]
+            shared_memory_bytes,
+            diagnostic_id,
+            image.defines,
+        )
         views = [(b.handle.native, b.offset, b.offset + b.byte_size, b.access) for b in buffers]
         values = [argument.value for argument in scalars]
 

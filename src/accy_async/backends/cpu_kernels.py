@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final, TypeAlias, TypeVar
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "CpuLaunchContext",
     "cpu_kernel",
     "lookup_cpu_kernel",
+    "parse_defines",
     "registered_cpu_kernels",
     "unregister_cpu_kernel",
 ]
@@ -37,14 +39,27 @@ _registry: dict[str, CpuKernelFunction] = {}
 _lock = threading.Lock()
 
 
+_NO_DEFINES: Final[Mapping[str, str]] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class CpuLaunchContext:
-    """What a CPU kernel knows of its launch: the geometry and the plan's diagnostic id."""
+    """What a CPU kernel knows of its launch: geometry, diagnostic id and defines.
+
+    ``defines`` are the artifact's ``-DNAME=VALUE`` compile options (``-DNAME``
+    gives ``"1"``), so compiled variants of one kernel exist on the CPU too.
+    """
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_memory_bytes: int
     diagnostic_id: str | None
+    defines: Mapping[str, str] = field(default_factory=lambda: _NO_DEFINES)
+
+    def define(self, name: str, default: int) -> int:
+        """The integer value of define ``name``, or ``default`` when it is not defined."""
+        value = self.defines.get(name)
+        return default if value is None else int(value, 0)
 
     @property
     def threads_per_block(self) -> int:
@@ -75,6 +90,25 @@ def cpu_kernel(name: str, *, replace: bool = False) -> Callable[[F], F]:
         return function
 
     return register
+
+
+_DEFINE: Final = re.compile(r"^(?:-D|--define-macro=)([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
+
+
+def parse_defines(options: Sequence[str]) -> Mapping[str, str]:
+    """The defines of ``-DNAME[=VALUE]`` compile options; other options raise ``ValueError``.
+
+    A CPU kernel has nothing to compile, so a define is the only option that
+    means something to it; refusing the rest keeps a CUDA-only option from
+    passing silently.
+    """
+    defines: dict[str, str] = {}
+    for option in options:
+        match = _DEFINE.match(option)
+        if match is None:
+            raise ValueError(f"a CPU kernel takes only -DNAME[=VALUE] options, got {option!r}")
+        defines[match.group(1)] = "1" if match.group(2) is None else match.group(2)
+    return MappingProxyType(defines) if defines else _NO_DEFINES
 
 
 def unregister_cpu_kernel(name: str) -> None:

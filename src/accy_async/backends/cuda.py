@@ -34,7 +34,7 @@ from typing import Any, Final
 import anyio.to_thread
 import numpy as np
 
-from ..errors import DeviceFault, InvalidArtifact, UnsupportedOperation
+from ..errors import DeviceFault, InvalidArtifact, RuntimeUnavailable, UnsupportedOperation
 from ..plan import ArtifactFormat, ArtifactSpec, BinaryPayload, ScalarArgument, TextPayload
 from .base import (
     ALREADY_FIRED,
@@ -44,6 +44,7 @@ from .base import (
     BufferHandle,
     CompletionCallback,
     CompletionRegistration,
+    DeviceIdentity,
     DeviceObject,
     EventHandle,
     KernelArtifact,
@@ -56,7 +57,7 @@ from .base import (
 )
 from .cuda_driver import driver, probe_cuda, translate
 from .cuda_reactor import CompletionReactor
-from .nvrtc import compile_source
+from .nvrtc import compile_source, nvrtc_version
 
 __all__ = ["CudaBackend", "probe_cuda"]
 
@@ -253,6 +254,13 @@ class CudaBackend(Backend):
                 )
             ),
         )
+        self._l2_bytes = int(
+            self._value(
+                d.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, self._device),
+                "reading the L2 cache size",
+            )
+        )
+        self._identity = self._read_identity()
         total = int(self._value(d.cuDeviceTotalMem(self._device), "reading the memory size"))
         if limits is None:
             self.limits = Limits(max_buffer_bytes=total, max_total_bytes=total)
@@ -277,6 +285,26 @@ class CudaBackend(Backend):
         self._not_ready = d.CUresult.CUDA_ERROR_NOT_READY
         self._launch_kernel = d.cuLaunchKernel
 
+    def _read_identity(self) -> DeviceIdentity:
+        d = driver()
+        get_uuid = getattr(d, "cuDeviceGetUuid_v2", None) or d.cuDeviceGetUuid
+        raw = bytes(self._value(get_uuid(self._device), "reading the device UUID").bytes)
+        hexed = raw.hex()
+        uuid = f"GPU-{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:32]}"
+        version = int(self._value(d.cuDriverGetVersion(), "reading the driver version"))
+        try:
+            major, minor = nvrtc_version()
+            compiler = f"nvrtc {major}.{minor}"
+        except RuntimeUnavailable:
+            compiler = "nvrtc unavailable"
+        return DeviceIdentity(
+            kind="cuda",
+            name=self._name,
+            uuid=uuid,
+            driver=f"cuda {version // 1000}.{version % 1000 // 10}",
+            compiler=compiler,
+        )
+
     # ----- helpers -------------------------------------------------------------------------
 
     def _check(self, result: Any, action: str) -> None:
@@ -300,7 +328,7 @@ class CudaBackend(Backend):
         with self._marker_pool_lock:
             if self._marker_pool:
                 return self._marker_pool.pop()
-        return self._create_event(0)
+        return self._create_event(0, False)
 
     def _recycle_marker(self, native: Any) -> None:
         with self._marker_pool_lock:
@@ -321,6 +349,16 @@ class CudaBackend(Backend):
     def compute_capability(self) -> tuple[int, int]:
         """The device's ``(major, minor)`` compute capability."""
         return self._compute_capability
+
+    @property
+    def identity(self) -> DeviceIdentity:
+        """The GPU (name, UUID), the driver's CUDA version and NVRTC's."""
+        return self._identity
+
+    @property
+    def cache_flush_bytes(self) -> int:
+        """Twice the device's L2 cache."""
+        return 2 * self._l2_bytes
 
     @property
     def formats(self) -> frozenset[ArtifactFormat]:
@@ -452,8 +490,16 @@ class CudaBackend(Backend):
             d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
         )
 
-    def _create_event(self, object_id: int) -> Any:
-        return self._value(driver().cuEventCreate(self._event_flags), "creating an event")
+    def _create_event(self, object_id: int, timing: bool) -> Any:
+        d = driver()
+        flags = d.CUevent_flags.CU_EVENT_DEFAULT if timing else self._event_flags
+        return self._value(d.cuEventCreate(flags), "creating an event")
+
+    def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
+        d = driver()
+        elapsed_time = getattr(d, "cuEventElapsedTime_v2", None) or d.cuEventElapsedTime
+        milliseconds = self._value(elapsed_time(start.native, end.native), "timing events")
+        return float(milliseconds) / 1000.0
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         self._check(driver().cuEventRecord(event.native, stream.native), "recording an event")

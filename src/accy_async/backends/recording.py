@@ -21,6 +21,7 @@ fail something. A stream with nothing pending is idle.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
@@ -42,6 +43,7 @@ from .base import (
     BufferHandle,
     CompletionCallback,
     CompletionRegistration,
+    DeviceIdentity,
     DeviceObject,
     EventHandle,
     KernelArtifact,
@@ -130,10 +132,11 @@ class _Fault:
 class _Pending:
     """Something that completes: an event's record or a stream marker."""
 
-    __slots__ = ("callbacks", "done")
+    __slots__ = ("callbacks", "completed_at", "done")
 
     def __init__(self) -> None:
         self.done = False
+        self.completed_at = 0.0
         self.callbacks: list[CompletionCallback] = []
 
 
@@ -333,6 +336,7 @@ class RecordingBackend(Backend):
             if pending.done:
                 return
             pending.done = True
+            pending.completed_at = time.perf_counter()
             callbacks, pending.callbacks = pending.callbacks, []
         for callback in callbacks:
             callback(None)
@@ -357,6 +361,11 @@ class RecordingBackend(Backend):
     def name(self) -> str:
         """The device's name."""
         return "recording"
+
+    @property
+    def identity(self) -> DeviceIdentity:
+        """A fixed identity: nothing is measured on a recording backend."""
+        return DeviceIdentity(kind="recording", name="recording", uuid="", driver="", compiler="")
 
     @property
     def formats(self) -> frozenset[ArtifactFormat]:
@@ -419,7 +428,11 @@ class RecordingBackend(Backend):
         self._unfinished[object_id] = []
         return None
 
-    def _create_event(self, object_id: int) -> Any:
+    def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
+        """Wall-clock seconds between the two records' completion (no device runs here)."""
+        return self._events[end.id].completed_at - self._events[start.id].completed_at
+
+    def _create_event(self, object_id: int, timing: bool) -> Any:
         self._maybe_fail("event")
         self._succeeded("event")
         self._events[object_id] = _Pending()

@@ -46,6 +46,7 @@ from .cpu import REDUCE_ITEMS, SUPPORTED_DTYPES
 
 __all__ = [
     "BUILTIN_PLANS",
+    "DEFAULT_TUNING_N",
     "SUPPORTED_DTYPES",
     "builtin_document",
     "cuda_source",
@@ -53,6 +54,7 @@ __all__ = [
     "prefix_sum",
     "reduce_sum",
     "saxpy",
+    "tuning_document",
 ]
 
 _C_TYPES: Final = {
@@ -107,7 +109,12 @@ def _entries(
         "required_dtypes": (dtype,),
     }
     return (
-        RegistryEntry(format=ArtifactFormat.CPU, payload=CpuKernelPayload(cpu_name), **common),  # type: ignore[arg-type]
+        RegistryEntry(
+            format=ArtifactFormat.CPU,
+            payload=CpuKernelPayload(cpu_name),
+            compile_options=defines,
+            **common,  # type: ignore[arg-type]
+        ),
         RegistryEntry(
             format=ArtifactFormat.CUDA_SOURCE,
             payload=TextPayload(cuda_source(source)),
@@ -341,3 +348,5 @@ def load_builtin(name: str) -> PipelineDocument:
 
 
 _ = cpu  # registers the CPU kernels on import
+
+from .tuning import DEFAULT_TUNING_N, tuning_document  # noqa: E402 - it uses the builders above

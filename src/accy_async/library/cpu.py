@@ -66,7 +66,7 @@ def _register(dtype: DType) -> None:
 
     @cpu_kernel(f"accy.reduce.partial_sum.{suffix}")
     def partial_sum(ctx: CpuLaunchContext, partials: Array, src: Array, n: int) -> None:
-        rows = _tiles(src.view(t)[:n], ctx.block[0] * REDUCE_ITEMS, zero)
+        rows = _tiles(src.view(t)[:n], ctx.block[0] * ctx.define("ACCY_ITEMS", REDUCE_ITEMS), zero)
         partials.view(t)[: rows.shape[0]] = rows.sum(axis=1, dtype=t)
 
     @cpu_kernel(f"accy.reduce.final_sum.{suffix}")

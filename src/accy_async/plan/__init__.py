@@ -21,7 +21,9 @@ from .codec import (
     LaunchGraphDocument,
     PipelineBuffer,
     PipelineDocument,
+    PipelineTuningProblem,
     PlanDocument,
+    TuningDocument,
     decode_json,
     decode_msgpack,
     encode_json,
@@ -72,6 +74,7 @@ from .registry import (
     TextPayload,
 )
 from .scalars import F32, F64, I32, I64, U32, U64, DType, ScalarArgument, ScalarType, scalar
+from .tuning import KernelTuningProblem, TuningBuffer, TuningCandidate
 
 __all__ = [
     "F32",
@@ -106,6 +109,7 @@ __all__ = [
     "KernelCallPipeline",
     "KernelCallRegistry",
     "KernelOrigin",
+    "KernelTuningProblem",
     "LaunchCandidate",
     "LaunchGeometry",
     "LaunchGraphDocument",
@@ -119,6 +123,7 @@ __all__ = [
     "PipelineDocument",
     "PipelineIntermediate",
     "PipelineStage",
+    "PipelineTuningProblem",
     "PlanDocument",
     "PlannedKernel",
     "Quantity",
@@ -130,6 +135,9 @@ __all__ = [
     "ScalarType",
     "Slot",
     "TextPayload",
+    "TuningBuffer",
+    "TuningCandidate",
+    "TuningDocument",
     "create_dataflow_launch_graph_plan",
     "decode_json",
     "decode_msgpack",

@@ -8,7 +8,7 @@ bad field, with msgspec's error on ``__cause__``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Final, TypeAlias, TypeVar, overload
+from typing import Annotated, Any, Final, TypeAlias, TypeVar, overload
 
 import msgspec
 
@@ -19,13 +19,16 @@ from .geometry import Fixed, Quantity
 from .graph import LaunchGraphPlan
 from .pipeline import KernelCallPipeline
 from .registry import KernelCallRegistry
-from .scalars import DType
+from .scalars import DType, ScalarArgument
+from .tuning import KernelTuningProblem
 
 __all__ = [
     "LaunchGraphDocument",
     "PipelineBuffer",
     "PipelineDocument",
+    "PipelineTuningProblem",
     "PlanDocument",
+    "TuningDocument",
     "decode_json",
     "decode_msgpack",
     "encode_json",
@@ -96,7 +99,72 @@ class LaunchGraphDocument(Base, tag="launch_graph", tag_field="kind", frozen=Tru
     description: str = ""
 
 
-PlanDocument: TypeAlias = PipelineDocument | LaunchGraphDocument
+MAX_PIPELINE_CANDIDATES: Final = 64
+
+
+class PipelineTuningProblem(Base, frozen=True):
+    """Tune a pipeline end to end: each candidate is a whole pipeline document.
+
+    Candidates must agree on operands, results and runtime scalars (the same
+    problem, solved differently, say with other block sizes), and describe
+    their operands and results so they can be sized and allocated.
+    """
+
+    name: Name
+    candidates: Annotated[
+        tuple[PipelineDocument, ...],
+        msgspec.Meta(min_length=1, max_length=MAX_PIPELINE_CANDIDATES),
+    ]
+    runtime_scalar_arguments: tuple[ScalarArgument, ...] = ()
+
+    def __post_init__(self) -> None:
+        first = self.candidates[0]
+        for index, candidate in enumerate(self.candidates):
+            pipeline = candidate.pipeline
+            if (
+                len(candidate.operands) != pipeline.operand_count
+                or len(candidate.results) != pipeline.result_count
+            ):
+                raise plan_error(
+                    "a pipeline candidate must describe its operands and results",
+                    "candidates",
+                    index,
+                )
+            if (candidate.operands, candidate.results) != (first.operands, first.results):
+                raise plan_error(
+                    "every candidate must take the first candidate's operands and results",
+                    "candidates",
+                    index,
+                )
+            if pipeline.runtime_scalar_argument_count != len(self.runtime_scalar_arguments):
+                raise plan_error(
+                    f"the pipeline takes {pipeline.runtime_scalar_argument_count} runtime "
+                    f"scalars, {len(self.runtime_scalar_arguments)} are given",
+                    "candidates",
+                    index,
+                )
+
+
+class TuningDocument(Base, tag="tuning", tag_field="kind", frozen=True):
+    """A plan file of tuning problems, read by ``accy-async tune``."""
+
+    kernels: tuple[KernelTuningProblem, ...] = ()
+    pipelines: tuple[PipelineTuningProblem, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.kernels and not self.pipelines:
+            raise plan_error("a tuning document needs at least one problem", "kernels")
+        names: set[str] = set()
+        labelled = [("kernels", index, p.name) for index, p in enumerate(self.kernels)]
+        labelled += [("pipelines", index, p.name) for index, p in enumerate(self.pipelines)]
+        for field, index, name in labelled:
+            if name in names:
+                raise plan_error(f"duplicate problem name {name!r}", field, index)
+            names.add(name)
+
+
+PlanDocument: TypeAlias = PipelineDocument | LaunchGraphDocument | TuningDocument
 """What a plan file holds; its ``kind`` field says which."""
 
 

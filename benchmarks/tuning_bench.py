@@ -1,0 +1,186 @@
+"""Concurrent tuning against the classic compile-then-measure loop, same candidates, same run.
+
+Three built-in kernels (saxpy, partial_sum, block_scan; 10-12 candidates
+each) are tuned on the default backend two ways, ``--runs`` times:
+
+* ``concurrent``: ``Tuner.tune_all`` -- the three problems as concurrent
+  tasks, every candidate compiled in a worker pool while others are measured,
+  measurement exclusive on the device;
+* ``sequential``: ``Tuner(concurrent=False)`` -- Kernel Tuner's way: compile a
+  candidate, measure it, then the next; the problems one after another.
+
+Both use the same measurement (device events, warm-up, adaptive samples,
+median) and no cache; each run adds a fresh ``-DACCY_TUNE_SALT`` define so
+nothing is reused from NVRTC's in-process cache. Reported: wall time per
+way and run, their ratio, each problem's winner per way and run, and whether
+winners agree across ways and runs. Writes ``results/tuning-<backend>.json``
+and ``.md``. Usage::
+
+    python benchmarks/tuning_bench.py [--backend auto] [--runs 3] [-n 16777216]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+import accy_async as accy
+from accy_async import library
+from accy_async.plan import ArtifactFormat, KernelTuningProblem
+from accy_async.tuning import Tuner, TuningResult
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def salted(problem: KernelTuningProblem, salt: str) -> KernelTuningProblem:
+    """The problem with one more define, so every candidate compiles afresh."""
+    artifact = msgspec.structs.replace(
+        problem.artifact,
+        compile_options=(*problem.artifact.compile_options, f"-DACCY_TUNE_SALT={salt}"),
+    )
+    return msgspec.structs.replace(problem, artifact=artifact)
+
+
+async def tune_once(
+    backend: accy.Backend, problems: list[KernelTuningProblem], concurrent: bool
+) -> tuple[float, list[TuningResult]]:
+    started = time.perf_counter()
+    async with Tuner(backend, concurrent=concurrent) as tuner:
+        results = await tuner.tune_all(problems)
+    return time.perf_counter() - started, results
+
+
+def summary(result: TuningResult) -> dict[str, Any]:
+    best = result.best
+    return {
+        "winner": result.winner,
+        "winner_label": best.label if best else None,
+        "winner_median_us": best.median_seconds * 1e6 if best else None,
+        "compile_seconds": sum(c.compile_seconds for c in result.candidates),
+        "failed": [c.index for c in result.candidates if c.status != "ok"],
+        "medians_us": [round(c.median_seconds * 1e6, 3) for c in result.candidates],
+        "samples": [c.samples for c in result.candidates],
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    async with accy.open_backend(args.backend) as backend:
+        fmt = (
+            ArtifactFormat.CUDA_SOURCE
+            if ArtifactFormat.CUDA_SOURCE in backend.formats
+            else ArtifactFormat.CPU
+        )
+        base = list(library.tuning_document(fmt, args.n).kernels)
+        runs = []
+        for run in range(args.runs):
+            row: dict[str, Any] = {"run": run + 1}
+            # Alternate which way goes first so neither always gets a warm device.
+            order = [True, False] if run % 2 == 0 else [False, True]
+            for concurrent in order:
+                way = "concurrent" if concurrent else "sequential"
+                problems = [salted(p, f"{run}{way[0]}{time.time_ns()}") for p in base]
+                wall, results = await tune_once(backend, problems, concurrent)
+                row[way] = {
+                    "wall_seconds": wall,
+                    "problems": {r.problem: summary(r) for r in results},
+                }
+                print(f"run {run + 1} {way}: {wall:.3f} s", file=sys.stderr, flush=True)
+            row["ratio"] = row["concurrent"]["wall_seconds"] / row["sequential"]["wall_seconds"]
+            row["same_winners"] = all(
+                row["concurrent"]["problems"][name]["winner"]
+                == row["sequential"]["problems"][name]["winner"]
+                for name in row["concurrent"]["problems"]
+            )
+            runs.append(row)
+        names = [p.name for p in base]
+        winners = {
+            name: sorted(
+                {
+                    r[way]["problems"][name]["winner"]
+                    for r in runs
+                    for way in ("concurrent", "sequential")
+                }
+            )
+            for name in names
+        }
+        return {
+            "device": backend.name,
+            "identity": msgspec.to_builtins(backend.identity),
+            "python": platform.python_version(),
+            "accy_async": accy.__version__ if hasattr(accy, "__version__") else "dev",
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "n": args.n,
+            "candidates": {p.name: len(p.candidates) for p in base},
+            "runs": runs,
+            "ratio_median": statistics.median(r["ratio"] for r in runs),
+            "ratio_max": max(r["ratio"] for r in runs),
+            "same_winners_every_run": all(r["same_winners"] for r in runs),
+            "winners_across_runs": winners,
+            "winners_stable": all(len(v) == 1 for v in winners.values()),
+            "backend": backend.kind,
+        }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Concurrent tuning vs compile-then-measure ({report['backend']}, {report['device']})",
+        "",
+        f"{report['date']}; n = {report['n']:,}; candidates: "
+        + ", ".join(f"{k} {v}" for k, v in report["candidates"].items())
+        + f"; identity {report['identity']}",
+        "",
+        "| run | concurrent s | sequential s | ratio | same winners |",
+        "|---|---|---|---|---|",
+    ]
+    lines.extend(
+        f"| {row['run']} | {row['concurrent']['wall_seconds']:.3f} | "
+        f"{row['sequential']['wall_seconds']:.3f} | {row['ratio']:.3f} | "
+        f"{'yes' if row['same_winners'] else 'NO'} |"
+        for row in report["runs"]
+    )
+    lines += [
+        "",
+        f"Median ratio {report['ratio_median']:.3f}, worst {report['ratio_max']:.3f} "
+        "(target at most 0.6).",
+        f"Same winners both ways in every run: {report['same_winners_every_run']}; "
+        f"winners stable across runs: {report['winners_stable']}.",
+        "",
+        "| problem | winner (every run, both ways) | label | median us (run 1, concurrent) |",
+        "|---|---|---|---|",
+    ]
+    first = report["runs"][0]["concurrent"]["problems"]
+    for name, winners in report["winners_across_runs"].items():
+        lines.append(
+            f"| {name} | {winners} | {first[name]['winner_label']} | "
+            f"{first[name]['winner_median_us']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("-n", type=int, default=library.DEFAULT_TUNING_N)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    report = anyio.run(main_async, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"tuning-{report['backend']}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

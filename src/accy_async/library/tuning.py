@@ -1,0 +1,143 @@
+"""Tuning problems for the built-in kernels: what ``accy-async tune`` runs by default.
+
+Three kernels with their candidates, in the format the backend loads:
+
+- ``saxpy``: block sizes x elements per thread (``-DACCY_ITEMS``);
+- ``partial_sum`` (the first stage of the sum): block sizes x elements per thread;
+- ``block_scan`` (the first stage of the prefix sum): block sizes, and on CUDA
+  with and without ``--maxrregcount=32``;
+
+and the whole prefix-sum pipeline over its block sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+import msgspec
+
+from ..plan import (
+    ArtifactFormat,
+    CeilDiv,
+    DerivedLaunch,
+    DType,
+    Fixed,
+    KernelTuningProblem,
+    PipelineTuningProblem,
+    RegistryEntry,
+    TuningBuffer,
+    TuningCandidate,
+    TuningDocument,
+    scalar,
+)
+from . import prefix_sum, reduce_sum, saxpy
+
+__all__ = ["DEFAULT_TUNING_N", "tuning_document"]
+
+DEFAULT_TUNING_N: Final = 1 << 24
+_BLOCKS: Final = (128, 256, 512, 1024)
+
+
+def _entry(document_registry: Iterable[RegistryEntry], entry_name: str) -> RegistryEntry:
+    for entry in document_registry:
+        if entry.entry_name == entry_name:
+            return entry
+    raise LookupError(entry_name)
+
+
+def _candidates(
+    blocks: Iterable[int], items: Iterable[int], options: Iterable[tuple[str, ...]] = ((),)
+) -> tuple[TuningCandidate, ...]:
+    chosen = []
+    for option in options:
+        for block in blocks:
+            for each in items:
+                grid = CeilDiv(argument_index=0, divisor=block * each)
+                chosen.append(
+                    TuningCandidate(
+                        launch=DerivedLaunch(grid=(grid, Fixed(1), Fixed(1)), block=(block, 1, 1)),
+                        compile_options=(f"-DACCY_ITEMS={each}", *option),
+                        label=f"block {block}, {each} per thread"
+                        + "".join(f" {o}" for o in option),
+                    )
+                )
+    return tuple(chosen)
+
+
+def tuning_document(
+    format: ArtifactFormat, n: int = DEFAULT_TUNING_N, dtype: DType = DType.F32
+) -> TuningDocument:
+    """The built-in kernels' tuning problems for ``format`` over ``n`` elements of ``dtype``.
+
+    ``dtype`` is ``f32`` or ``f64`` (saxpy's).
+    """
+    if format not in (ArtifactFormat.CPU, ArtifactFormat.CUDA_SOURCE):
+        raise ValueError(f"the built-in kernels come as CPU functions and CUDA C, not {format}")
+    size = n * dtype.size
+    count = scalar("u32", n)
+    cuda = format is ArtifactFormat.CUDA_SOURCE
+
+    def entries(document_entries: Iterable[RegistryEntry]) -> list[RegistryEntry]:
+        return [entry for entry in document_entries if entry.format is format]
+
+    saxpy_entry = _entry(entries(saxpy(dtype).registry.entries), "saxpy")
+    sum_entry = _entry(entries(reduce_sum(dtype).registry.entries), "partial_sum")
+    scan_entry = _entry(entries(prefix_sum(dtype).registry.entries), "block_scan")
+    # partial_sum's entry carries its default ACCY_ITEMS; candidates bring their own.
+    sum_spec = sum_entry.artifact_spec()
+    sum_spec = msgspec.structs.replace(
+        sum_spec,
+        compile_options=tuple(
+            option for option in sum_spec.compile_options if not option.startswith("-DACCY_ITEMS")
+        ),
+    )
+    a = scalar("f32" if dtype is DType.F32 else "f64", 2.0)
+    kernels = (
+        KernelTuningProblem(
+            name=f"saxpy.{dtype.value}",
+            artifact=saxpy_entry.artifact_spec(),
+            candidates=_candidates(_BLOCKS, (1, 2, 4)),
+            buffers=(
+                TuningBuffer(byte_size=size, dtype=dtype),
+                TuningBuffer(byte_size=size, dtype=dtype, initial="random"),
+                TuningBuffer(byte_size=size, dtype=dtype, initial="random"),
+            ),
+            scalars=(count, a),
+        ),
+        KernelTuningProblem(
+            name=f"partial_sum.{dtype.value}",
+            artifact=sum_spec,
+            candidates=_candidates(_BLOCKS, (2, 4, 8)),
+            buffers=(
+                TuningBuffer(byte_size=-(-n // (_BLOCKS[0] * 2)) * dtype.size, dtype=dtype),
+                TuningBuffer(byte_size=size, dtype=dtype, initial="random"),
+            ),
+            scalars=(count,),
+        ),
+        KernelTuningProblem(
+            name=f"block_scan.{dtype.value}",
+            artifact=scan_entry.artifact_spec(),
+            candidates=_candidates(
+                (64, *_BLOCKS), (1,), ((), ("--maxrregcount=32",)) if cuda else ((),)
+            ),
+            buffers=(
+                TuningBuffer(byte_size=size, dtype=dtype),
+                TuningBuffer(byte_size=size, dtype=dtype, initial="random"),
+                TuningBuffer(byte_size=-(-n // 64) * dtype.size, dtype=dtype),
+            ),
+            scalars=(count,),
+        ),
+    )
+    pipelines = (
+        PipelineTuningProblem(
+            name=f"prefix_sum.{dtype.value}",
+            candidates=tuple(prefix_sum(dtype, block) for block in _BLOCKS),
+            runtime_scalar_arguments=(count,),
+        ),
+    )
+    return TuningDocument(
+        kernels=kernels,
+        pipelines=pipelines,
+        description=f"The built-in kernels over {n} {dtype.value} elements ({format.value}).",
+    )
