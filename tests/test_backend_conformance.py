@@ -103,6 +103,25 @@ async def test_fill_writes_the_32_bit_pattern(backend: Backend) -> None:
     backend.destroy(buffer)
 
 
+async def test_device_copies_land_in_stream_order(backend: Backend) -> None:
+    source = backend.allocate_buffer(4 * N)
+    target = backend.allocate_buffer(8 * N)
+    backend.write_buffer(source, np.arange(N, dtype=np.uint32).tobytes())
+    backend.fill_buffer(target, 7)
+    backend.copy_buffer(source, target, destination_offset=4 * N)
+    backend.copy_buffer(target, target, 400, source_offset=4 * N)  # within one buffer
+    got = np.frombuffer(await accy.wait_read(backend.enqueue_read(target)), np.uint32)
+    if executes(backend):
+        np.testing.assert_array_equal(got[N:], np.arange(N, dtype=np.uint32))
+        np.testing.assert_array_equal(got[:100], np.arange(100, dtype=np.uint32))
+        assert (got[100:N] == 7).all()
+    with pytest.raises(accy.InvalidBuffer, match="overlap"):
+        backend.copy_buffer(target, target, 400, destination_offset=200)
+    with pytest.raises(accy.InvalidBuffer):
+        backend.copy_buffer(target, source)  # larger than the destination
+    backend.destroy_all([source, target])
+
+
 async def test_a_never_recorded_event_is_complete(backend: Backend) -> None:
     event = backend.create_event()
     assert backend.query_event(event)

@@ -336,6 +336,35 @@ async def test_results_feed_registry_entries_and_loaded_kernels(
     cpu_backend.destroy(buffer)
 
 
+async def test_workspace_contents_repeat_a_random_block_and_restore(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    from accy_async.tuning.subjects import RANDOM_BLOCK, buffer_plan, create_workspace
+
+    n = 3 * RANDOM_BLOCK + 5
+    problem = msgspec.structs.replace(
+        probe_problem(),
+        buffers=(p.TuningBuffer(byte_size=4 * n, initial="random", restore=True),),
+    )
+    stream = cpu_backend.create_stream()
+    workspace = create_workspace(cpu_backend, stream, buffer_plan(problem))
+    buffer = workspace.buffers[0]
+    read = cpu_backend.enqueue_read(buffer, stream=stream)
+    first = np.frombuffer(await accy.wait_read(read), np.float32)
+    block = first[:RANDOM_BLOCK]
+    assert len(np.unique(block)) > RANDOM_BLOCK // 2 and (block >= 0).all() and (block < 1).all()
+    np.testing.assert_array_equal(first, np.resize(block, n))
+    cpu_backend.fill_buffer(buffer, 0, stream=stream)  # an in-place kernel's damage
+    workspace.before_sample()
+    again = np.frombuffer(
+        await accy.wait_read(cpu_backend.enqueue_read(buffer, stream=stream)), np.float32
+    )
+    np.testing.assert_array_equal(again, first)
+    await workspace.aclose()
+    cpu_backend.destroy(stream)
+    assert_nothing_alive(cpu_backend)
+
+
 def test_statistics_and_ties() -> None:
     stats = sample_statistics([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (stats.median, stats.low, stats.q1, stats.q3, stats.count) == (3.0, 1.0, 2.0, 4.0, 5)

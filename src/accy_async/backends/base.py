@@ -604,6 +604,39 @@ class Backend(abc.ABC):
         self._check_range(buffer, offset, view.nbytes)
         self._write(buffer, view, offset, self._stream(stream))
 
+    def copy_buffer(
+        self,
+        source: BufferHandle,
+        destination: BufferHandle,
+        byte_size: int | None = None,
+        *,
+        source_offset: int = 0,
+        destination_offset: int = 0,
+        stream: StreamHandle | None = None,
+    ) -> None:
+        """Enqueue a device-side copy of ``byte_size`` bytes (all of ``source`` by default).
+
+        The ranges must lie inside their buffers, and must not overlap when
+        both are one buffer (:class:`~accy_async.errors.InvalidBuffer`).
+        """
+        self._check_usable()
+        size = source.byte_size - source_offset if byte_size is None else byte_size
+        self._check_range(source, source_offset, size)
+        self._check_range(destination, destination_offset, size)
+        if (
+            source is destination
+            and source_offset < destination_offset + size
+            and destination_offset < source_offset + size
+        ):
+            raise InvalidBuffer(
+                f"copying {size} bytes within {source!r} from {source_offset} to "
+                f"{destination_offset}: the ranges overlap"
+            )
+        if size:
+            self._copy(
+                source, source_offset, destination, destination_offset, size, self._stream(stream)
+            )
+
     def enqueue_read(
         self,
         buffer: BufferHandle,
@@ -1061,6 +1094,17 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None: ...
+
+    @abc.abstractmethod
+    def _copy(
+        self,
+        source: BufferHandle,
+        source_offset: int,
+        destination: BufferHandle,
+        destination_offset: int,
+        size: int,
+        stream: StreamHandle,
+    ) -> None: ...
 
     @abc.abstractmethod
     async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact: ...

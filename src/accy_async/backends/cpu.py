@@ -267,6 +267,25 @@ class CpuBackend(Backend):
 
         self._worker(stream).put(self._guarded(copy, f"write to {buffer!r}"))
 
+    def _copy(
+        self,
+        source: BufferHandle,
+        source_offset: int,
+        destination: BufferHandle,
+        destination_offset: int,
+        size: int,
+        stream: StreamHandle,
+    ) -> None:
+        origin: np.ndarray[Any, np.dtype[np.uint8]] = source.native
+        target: np.ndarray[Any, np.dtype[np.uint8]] = destination.native
+
+        def copy() -> None:
+            target[destination_offset : destination_offset + size] = origin[
+                source_offset : source_offset + size
+            ]
+
+        self._worker(stream).put(self._guarded(copy, f"copy to {destination!r}"))
+
     def _enqueue_read(
         self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
     ) -> PendingRead:

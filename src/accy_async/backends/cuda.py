@@ -407,6 +407,25 @@ class CudaBackend(Backend):
         )
         self._after(stream, lambda: self._staging.give_back(host, capacity))
 
+    def _copy(
+        self,
+        source: BufferHandle,
+        source_offset: int,
+        destination: BufferHandle,
+        destination_offset: int,
+        size: int,
+        stream: StreamHandle,
+    ) -> None:
+        self._check(
+            driver().cuMemcpyDtoDAsync(
+                destination.address + destination_offset,
+                source.address + source_offset,
+                size,
+                stream.native,
+            ),
+            "copying on the device",
+        )
+
     def _enqueue_read(
         self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
     ) -> PendingRead:

@@ -58,6 +58,7 @@ __all__ = ["FaultKind", "RecordedLaunch", "RecordingBackend"]
 FaultKind: TypeAlias = Literal[
     "allocate",
     "write",
+    "copy",
     "read",
     "fill",
     "create",
@@ -75,6 +76,7 @@ FaultKind: TypeAlias = Literal[
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "allocate",
     "write",
+    "copy",
     "read",
     "fill",
     "create",
@@ -218,6 +220,8 @@ class RecordingBackend(Backend):
         self.destroyed_ids: list[int] = []
         self.fills: list[tuple[int, int]] = []
         self.writes: list[tuple[int, int, bytes]] = []
+        self.copies: list[tuple[int, int, int, int, int]] = []
+        """``(source id, source offset, destination id, destination offset, size)``."""
         self.created_specs: list[ArtifactSpec] = []
         self.loaded_ids: list[int] = []
         self.records: list[tuple[int, int]] = []
@@ -395,6 +399,19 @@ class RecordingBackend(Backend):
         self._maybe_fail("write")
         self._succeeded("write")
         self.writes.append((buffer.id, offset, bytes(data)))
+
+    def _copy(
+        self,
+        source: BufferHandle,
+        source_offset: int,
+        destination: BufferHandle,
+        destination_offset: int,
+        size: int,
+        stream: StreamHandle,
+    ) -> None:
+        self._maybe_fail("copy")
+        self._succeeded("copy")
+        self.copies.append((source.id, source_offset, destination.id, destination_offset, size))
 
     def _enqueue_read(
         self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle

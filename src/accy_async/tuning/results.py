@@ -89,6 +89,9 @@ class CandidateResult(Base, frozen=True):
     """Interquartile range over the median."""
     samples: int = 0
     compile_seconds: float = 0.0
+    """Wall time to compile and load it."""
+    measure_seconds: float = 0.0
+    """Wall time its measurement held the device."""
     error: str = ""
 
 
@@ -107,6 +110,8 @@ class TuningResult(Base, frozen=True):
     winner: int | None
     complete: bool
     wall_seconds: float
+    setup_seconds: float = 0.0
+    """Wall time to generate, allocate and upload the problem's buffers."""
     cached: bool = False
 
     @property

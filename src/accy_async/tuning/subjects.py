@@ -15,7 +15,15 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..backends.base import Backend, BufferBinding, BufferHandle, LoadedArtifact, StreamHandle
+from ..backends.base import (
+    Access,
+    Backend,
+    BufferBinding,
+    BufferHandle,
+    LoadedArtifact,
+    StreamHandle,
+)
+from ..errors import UnsupportedOperation
 from ..pipeline import (
     PipelineArtifactPool,
     PipelineIntermediates,
@@ -26,8 +34,10 @@ from ..pipeline import (
     load_pipeline_artifacts,
 )
 from ..plan import (
+    ArtifactFormat,
     DType,
     KernelTuningProblem,
+    PipelineDocument,
     PipelineTuningProblem,
     ScalarArgument,
     TuningBuffer,
@@ -38,22 +48,61 @@ from ..waiting import release_when_idle
 __all__ = ["KernelSubject", "PipelineSubject", "Subject", "Workspace"]
 
 _SEED: Final = 20261201
+RANDOM_BLOCK: Final = 1 << 16
+"""Random values generated per buffer; larger buffers repeat them."""
 
 
-def initial_contents(spec: TuningBuffer, rng: np.random.Generator) -> bytes:
-    """The bytes a tuning buffer starts with."""
+def initial_contents(spec: TuningBuffer, rng: np.random.Generator) -> bytes | None:
+    """The block of bytes a tuning buffer starts with, repeated over it; ``None`` for zeros.
+
+    ``random`` contents are :data:`RANDOM_BLOCK` values (at most) from the
+    generator; the workspace writes them once and replicates them on the
+    device, so buffers of gigabytes cost no more host time than small ones.
+    """
     if spec.initial == "zeros":
-        return bytes(spec.byte_size)
-    count = spec.byte_size // spec.dtype.size
+        return None
+    count = max(1, min(spec.byte_size // spec.dtype.size, RANDOM_BLOCK))
     dtype = np.dtype(spec.dtype.numpy_name)
+    values: np.ndarray[Any, Any]
     if spec.dtype is DType.BF16:
         values = (rng.random(count, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    elif dtype == np.float32 or dtype == np.float64:
+        values = rng.random(count, dtype=dtype)
     elif dtype.kind == "f":
-        values = rng.random(count).astype(dtype)
+        values = rng.random(count, dtype=np.float32).astype(dtype)
     else:
-        values = rng.integers(0, 100, count).astype(dtype)
-    data = values.tobytes()
-    return data + bytes(spec.byte_size - len(data))
+        values = rng.integers(0, 100, count, dtype=dtype)
+    return values.tobytes()[: spec.byte_size]
+
+
+BufferPlan = list[tuple[TuningBuffer, bytes | None, Access]]
+"""Each buffer of a problem with its initial contents and how kernels bind it."""
+
+
+def buffer_plan(problem: KernelTuningProblem | PipelineTuningProblem) -> BufferPlan:
+    """The buffers of a problem and their contents, from a fixed seed.
+
+    CPU work (NumPy), done in a worker thread before the device is touched.
+    A kernel problem's buffers are its arguments; a pipeline problem's are
+    the operands (random) and results (zeroed) of its first candidate.
+    """
+    rng = np.random.default_rng(_SEED)
+    if isinstance(problem, KernelTuningProblem):
+        return [(spec, initial_contents(spec, rng), "read_write") for spec in problem.buffers]
+    document = problem.candidates[0]
+    scalars = problem.runtime_scalar_arguments
+    planned: BufferPlan = []
+    for buffers, random, access in (
+        (document.operands, True, "read_only"),
+        (document.results, False, "read_write"),
+    ):
+        for each in buffers:
+            size = max(1, resolve_quantity(each.extent, scalars)) * each.dtype.size
+            spec = TuningBuffer(
+                byte_size=size, dtype=each.dtype, initial="random" if random else "zeros"
+            )
+            planned.append((spec, initial_contents(spec, rng), access))  # type: ignore[arg-type]
+    return planned
 
 
 class Workspace:
@@ -64,28 +113,66 @@ class Workspace:
         self.stream = stream
         self.buffers: list[BufferHandle] = []
         self.bindings: list[BufferBinding] = []
-        self._restores: list[tuple[BufferHandle, bytes]] = []
+        self._restores: list[tuple[BufferHandle, BufferHandle | None]] = []
         self._flush: BufferHandle | None = None
         self._flushes = 0
 
-    def add(self, spec: TuningBuffer, contents: bytes, access: Any = "read_write") -> None:
-        """Allocate a buffer of ``spec`` and enqueue the write of ``contents`` into it."""
-        buffer = self.backend.allocate_buffer(spec.byte_size)
-        self.buffers.append(buffer)
+    def add(
+        self, spec: TuningBuffer, contents: bytes | None, access: Access = "read_write"
+    ) -> None:
+        """Allocate a buffer of ``spec`` and enqueue its initial contents.
+
+        ``contents`` is a block repeated over the buffer (``None``: zeros). A
+        ``restore`` buffer of non-zero contents gets a pristine twin on the
+        device, copied back before every sample.
+        """
+        buffer = self._allocate(spec.byte_size)
         self.bindings.append(buffer.bind(access))
-        self.backend.write_buffer(buffer, contents, stream=self.stream)
-        if spec.restore:
-            self._restores.append((buffer, contents))
+        self._initialise(buffer, contents)
+        if not spec.restore:
+            return
+        if contents is None:
+            self._restores.append((buffer, None))
+            return
+        pristine = self._allocate(spec.byte_size)
+        self.backend.copy_buffer(buffer, pristine, stream=self.stream)
+        self._restores.append((buffer, pristine))
+
+    def _allocate(self, byte_size: int) -> BufferHandle:
+        buffer = self.backend.allocate_buffer(byte_size)
+        self.buffers.append(buffer)
+        return buffer
+
+    def _initialise(self, buffer: BufferHandle, block: bytes | None) -> None:
+        backend, stream = self.backend, self.stream
+        if block is None:
+            self._zero(buffer)
+            return
+        size = buffer.byte_size
+        backend.write_buffer(buffer, block[:size], stream=stream)
+        filled = min(len(block), size)
+        while filled < size:  # double the written prefix on the device
+            step = min(filled, size - filled)
+            backend.copy_buffer(buffer, buffer, step, destination_offset=filled, stream=stream)
+            filled += step
+
+    def _zero(self, buffer: BufferHandle) -> None:
+        try:
+            self.backend.fill_buffer(buffer, 0, stream=self.stream)
+        except UnsupportedOperation:
+            self.backend.write_buffer(buffer, bytes(buffer.byte_size), stream=self.stream)
 
     def enable_cache_flush(self) -> None:
         """Allocate the buffer whose fill evicts the device cache before each sample."""
-        self._flush = self.backend.allocate_buffer(self.backend.cache_flush_bytes)
-        self.buffers.append(self._flush)
+        self._flush = self._allocate(self.backend.cache_flush_bytes)
 
     def before_sample(self) -> None:
         """Restore in-place buffers and flush the cache, in stream order, outside the timing."""
-        for buffer, contents in self._restores:
-            self.backend.write_buffer(buffer, contents, stream=self.stream)
+        for buffer, pristine in self._restores:
+            if pristine is None:
+                self._zero(buffer)
+            else:
+                self.backend.copy_buffer(pristine, buffer, stream=self.stream)
         if self._flush is not None:
             self._flushes += 1
             self.backend.fill_buffer(self._flush, self._flushes, stream=self.stream)
@@ -96,40 +183,16 @@ class Workspace:
         await release_when_idle(self.backend, buffers, [self.stream])
 
 
-def kernel_workspace(
-    backend: Backend, stream: StreamHandle, problem: KernelTuningProblem
+def create_workspace(
+    backend: Backend, stream: StreamHandle, planned: BufferPlan, *, flush_cache: bool = False
 ) -> Workspace:
-    """The buffers of a kernel problem, written from a fixed seed."""
-    rng = np.random.default_rng(_SEED)
+    """Allocate the planned buffers and enqueue their initial contents on ``stream``."""
     workspace = Workspace(backend, stream)
     try:
-        for spec in problem.buffers:
-            workspace.add(spec, initial_contents(spec, rng))
-    except BaseException:
-        backend.destroy_all(workspace.buffers)
-        raise
-    return workspace
-
-
-def pipeline_workspace(
-    backend: Backend, stream: StreamHandle, problem: PipelineTuningProblem
-) -> Workspace:
-    """Operands (random, from a fixed seed) and zeroed results of a pipeline problem."""
-    rng = np.random.default_rng(_SEED)
-    workspace = Workspace(backend, stream)
-    document = problem.candidates[0]
-    scalars = problem.runtime_scalar_arguments
-    try:
-        for buffers, random, access in (
-            (document.operands, True, "read_only"),
-            (document.results, False, "read_write"),
-        ):
-            for each in buffers:
-                size = max(1, resolve_quantity(each.extent, scalars)) * each.dtype.size
-                spec = TuningBuffer(
-                    byte_size=size, dtype=each.dtype, initial="random" if random else "zeros"
-                )
-                workspace.add(spec, initial_contents(spec, rng), access)
+        for spec, contents, access in planned:
+            workspace.add(spec, contents, access)
+        if flush_cache:
+            workspace.enable_cache_flush()
     except BaseException:
         backend.destroy_all(workspace.buffers)
         raise
@@ -137,14 +200,18 @@ def pipeline_workspace(
 
 
 class Subject(abc.ABC):
-    """One candidate, loaded and ready to enqueue runs of itself."""
+    """One candidate, loaded and ready to enqueue runs of itself once bound to buffers."""
+
+    @abc.abstractmethod
+    def bind(self, workspace: Workspace) -> None:
+        """Run on ``workspace``'s buffers and stream from now on."""
 
     @abc.abstractmethod
     async def enqueue(self, stream: StreamHandle) -> None:
         """Enqueue one run on ``stream`` (without waiting for it)."""
 
     @abc.abstractmethod
-    async def aclose(self, stream: StreamHandle) -> None:
+    async def aclose(self, stream: StreamHandle | None) -> None:
         """Release what the candidate loaded, once ``stream`` is done with it."""
 
 
@@ -155,15 +222,18 @@ class KernelSubject(Subject):
         self,
         backend: Backend,
         loaded: LoadedArtifact,
-        buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
         geometry: tuple[tuple[int, int, int], tuple[int, int, int], int],
     ) -> None:
         self._backend = backend
         self._loaded = loaded
-        self._buffers = tuple(buffers)
+        self._buffers: tuple[BufferBinding, ...] = ()
         self._scalars = tuple(scalars)
         self._grid, self._block, self._shared = geometry
+
+    def bind(self, workspace: Workspace) -> None:
+        """Launch on the workspace's buffers, in argument order."""
+        self._buffers = tuple(workspace.bindings)
 
     async def enqueue(self, stream: StreamHandle) -> None:
         """Enqueue one launch of the kernel (checked, like any launch)."""
@@ -177,13 +247,13 @@ class KernelSubject(Subject):
             stream=stream,
         )
 
-    async def aclose(self, stream: StreamHandle) -> None:
+    async def aclose(self, stream: StreamHandle | None) -> None:
         """Unload the kernel once ``stream`` is idle."""
         await release_when_idle(self._backend, [self._loaded], [stream])
 
 
 async def load_kernel_subject(
-    backend: Backend, problem: KernelTuningProblem, index: int, workspace: Workspace
+    backend: Backend, problem: KernelTuningProblem, index: int
 ) -> KernelSubject:
     """Compile and load candidate ``index``.
 
@@ -193,7 +263,7 @@ async def load_kernel_subject(
     geometry = problem.candidates[index].launch.resolve(problem.scalars)
     artifact = await backend.create_artifact(problem.candidate_spec(index))
     loaded = await backend.load_artifact(artifact)
-    return KernelSubject(backend, loaded, workspace.bindings, problem.scalars, geometry)
+    return KernelSubject(backend, loaded, problem.scalars, geometry)
 
 
 class PipelineSubject(Subject):
@@ -202,20 +272,41 @@ class PipelineSubject(Subject):
     def __init__(
         self,
         backend: Backend,
-        request: PipelineLaunch,
+        document: PipelineDocument,
+        format: ArtifactFormat,
+        scalars: Sequence[ScalarArgument],
         pool: PipelineArtifactPool,
         scratch: PipelineIntermediates,
     ) -> None:
         self._backend = backend
-        self._request = request
+        self._document = document
+        self._format = format
+        self._scalars = tuple(scalars)
         self._pool = pool
         self._scratch = scratch
+        self._request: PipelineLaunch | None = None
+
+    def bind(self, workspace: Workspace) -> None:
+        """Take operands and results from the workspace, and run on its stream."""
+        operand_count = self._document.pipeline.operand_count
+        self._request = PipelineLaunch(
+            pipeline=self._document.pipeline,
+            registry=self._document.registry,
+            format=self._format,
+            operands=tuple(workspace.bindings[:operand_count]),
+            results=tuple(workspace.bindings[operand_count:]),
+            runtime_scalar_arguments=self._scalars,
+            intermediates=self._scratch,
+            artifacts=self._pool,
+            stream=workspace.stream,
+        )
 
     async def enqueue(self, stream: StreamHandle) -> None:
-        """Enqueue every stage (the request names the stream)."""
+        """Enqueue every stage on the bound workspace's stream."""
+        assert self._request is not None, "bind the subject first"
         await launch_pipeline(self._backend, self._request)
 
-    async def aclose(self, stream: StreamHandle) -> None:
+    async def aclose(self, stream: StreamHandle | None) -> None:
         """Release the intermediates and the pool once their streams are idle."""
         try:
             await self._scratch.aclose()
@@ -224,10 +315,7 @@ class PipelineSubject(Subject):
 
 
 async def load_pipeline_subject(
-    backend: Backend,
-    problem: PipelineTuningProblem,
-    index: int,
-    workspace: Workspace,
+    backend: Backend, problem: PipelineTuningProblem, index: int
 ) -> PipelineSubject:
     """Compile and load every stage of candidate ``index`` and allocate its intermediates."""
     document = problem.candidates[index]
@@ -239,16 +327,4 @@ async def load_pipeline_subject(
     except BaseException:
         await pool.aclose()
         raise
-    operand_count = document.pipeline.operand_count
-    request = PipelineLaunch(
-        pipeline=document.pipeline,
-        registry=document.registry,
-        format=fmt,
-        operands=tuple(workspace.bindings[:operand_count]),
-        results=tuple(workspace.bindings[operand_count:]),
-        runtime_scalar_arguments=scalars,
-        intermediates=scratch,
-        artifacts=pool,
-        stream=workspace.stream,
-    )
-    return PipelineSubject(backend, request, pool, scratch)
+    return PipelineSubject(backend, document, fmt, scalars, pool, scratch)

@@ -22,12 +22,13 @@ import copy
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import msgspec
 
 from ..backends.base import Backend, EventHandle, StreamHandle
@@ -39,10 +40,10 @@ from .results import CandidateResult, TuningResult, choose_winner, sample_statis
 from .subjects import (
     Subject,
     Workspace,
-    kernel_workspace,
+    buffer_plan,
+    create_workspace,
     load_kernel_subject,
     load_pipeline_subject,
-    pipeline_workspace,
 )
 
 __all__ = ["Tuner", "TuningProblem", "TuningProgress", "TuningSettings"]
@@ -246,29 +247,33 @@ class Tuner:
         results: list[CandidateResult | None] = [None] * count
         stream = backend.create_stream()
         events: list[EventHandle] = []
-        workspace: Workspace | None = None
-        try:
+        workspaces: list[Workspace] = []
+        setup_seconds = 0.0
+
+        async def set_up() -> _Measurement:
+            nonlocal setup_seconds
+            planned = await anyio.to_thread.run_sync(buffer_plan, problem)
             async with _measurement_lock(backend):
                 # Setting up writes to the device: keep it out of others' measurements.
-                if isinstance(problem, KernelTuningProblem):
-                    workspace = kernel_workspace(backend, stream, problem)
-                else:
-                    workspace = pipeline_workspace(backend, stream, problem)
-                if settings.flush_cache:
-                    workspace.enable_cache_flush()
+                workspace = create_workspace(
+                    backend, stream, planned, flush_cache=settings.flush_cache
+                )
+                workspaces.append(workspace)
+                del planned
                 await wait_stream(backend, stream)
             events.extend(backend.create_event(timing=True) for _ in range(2 * settings.batch))
-            measure = _Measurement(backend, stream, events, workspace, settings)
+            setup_seconds = time.perf_counter() - started
+            return _Measurement(backend, stream, events, workspace, settings)
+
+        try:
             if self.concurrent:
-                await self._compile_and_measure_overlapped(
-                    problem, workspace, measure, results, deadline
-                )
+                await self._overlapped(problem, set_up, results, deadline)
             else:
-                await self._compile_then_measure(problem, workspace, measure, results, deadline)
+                await self._one_after_another(problem, await set_up(), results, deadline)
         finally:
             owned = [*events, stream]
             with anyio.CancelScope(shield=True):
-                if workspace is not None:
+                for workspace in workspaces:
                     await workspace.aclose()
                 await release_when_idle(backend, owned, [stream])
         final = tuple(
@@ -290,47 +295,45 @@ class Tuner:
             winner=choose_winner(final, tolerance),
             complete=all(each.status != "skipped" for each in final),
             wall_seconds=time.perf_counter() - started,
+            setup_seconds=setup_seconds,
         )
         if self.cache is not None and result.complete:
             with anyio.CancelScope(shield=True):
                 await self.cache.aput(key, result)
         return result
 
-    async def _load(
-        self, problem: TuningProblem, index: int, workspace: Workspace
-    ) -> tuple[Subject | None, float, str]:
+    async def _load(self, problem: TuningProblem, index: int) -> tuple[Subject | None, float, str]:
         """Compile and load a candidate; a failure to do so is returned as its message."""
         async with self._compile_limiter:
             started = time.perf_counter()
             try:
                 if isinstance(problem, KernelTuningProblem):
-                    subject: Subject = await load_kernel_subject(
-                        self.backend, problem, index, workspace
-                    )
+                    subject: Subject = await load_kernel_subject(self.backend, problem, index)
                 else:
-                    subject = await load_pipeline_subject(self.backend, problem, index, workspace)
+                    subject = await load_pipeline_subject(self.backend, problem, index)
             except DeviceFault:
                 raise
             except AccyError as exc:
                 return None, time.perf_counter() - started, f"{type(exc).__name__}: {exc}"
             return subject, time.perf_counter() - started, ""
 
-    async def _compile_and_measure_overlapped(
+    async def _overlapped(
         self,
         problem: TuningProblem,
-        workspace: Workspace,
-        measure: _Measurement,
+        set_up: Callable[[], Awaitable[_Measurement]],
         results: list[CandidateResult | None],
         deadline: float,
     ) -> None:
+        """Compile every candidate while the buffers are set up and others are measured."""
         count = len(problem.candidates)
+        stream: StreamHandle | None = None
         send, receive = anyio.create_memory_object_stream[tuple[int, Subject | None, float, str]](
             count
         )
         pending: list[Subject] = []
 
         async def compile_one(index: int) -> None:
-            subject, seconds, error = await self._load(problem, index, workspace)
+            subject, seconds, error = await self._load(problem, index)
             if subject is not None:
                 pending.append(subject)
             send.send_nowait((index, subject, seconds, error))
@@ -339,6 +342,8 @@ class Tuner:
             async with anyio.create_task_group() as group:
                 for index in range(count):
                     group.start_soon(compile_one, index)
+                measure = await set_up()
+                stream = measure.stream
                 for _ in range(count):
                     index, subject, seconds, error = await receive.receive()
                     if subject is not None:
@@ -352,22 +357,22 @@ class Tuner:
         finally:
             with anyio.CancelScope(shield=True):
                 for subject in pending:
-                    await subject.aclose(measure.stream)
+                    await subject.aclose(stream)
             send.close()
             receive.close()
 
-    async def _compile_then_measure(
+    async def _one_after_another(
         self,
         problem: TuningProblem,
-        workspace: Workspace,
         measure: _Measurement,
         results: list[CandidateResult | None],
         deadline: float,
     ) -> None:
+        """The classic way: compile a candidate, measure it, then the next."""
         for index in range(len(problem.candidates)):
             if time.perf_counter() >= deadline:
                 return
-            subject, seconds, error = await self._load(problem, index, workspace)
+            subject, seconds, error = await self._load(problem, index)
             results[index] = await self._measure_one(
                 problem, index, subject, seconds, error, measure, deadline
             )
@@ -398,6 +403,7 @@ class Tuner:
                         index=index, label=label, status="skipped", compile_seconds=compile_seconds
                     )
                 else:
+                    subject.bind(measure.workspace)
                     async with _measurement_lock(self.backend):
                         result = await measure.run(index, label, subject, compile_seconds)
             finally:
@@ -450,6 +456,7 @@ class _Measurement:
     ) -> CandidateResult:
         """Warm up, then sample until precise enough; failures are returned, not raised."""
         settings = self.settings
+        started = time.perf_counter()
         samples: list[float] = []
         timeout = settings.candidate_timeout
         error = ""
@@ -489,6 +496,7 @@ class _Measurement:
                 label=label,
                 status="failed",
                 compile_seconds=compile_seconds,
+                measure_seconds=time.perf_counter() - started,
                 samples=len(samples),
                 error=error,
             )
@@ -502,4 +510,5 @@ class _Measurement:
             spread=statistics.relative_spread,
             samples=statistics.count,
             compile_seconds=compile_seconds,
+            measure_seconds=time.perf_counter() - started,
         )
