@@ -1,7 +1,9 @@
 """Concurrent tuning against the classic compile-then-measure loop, same candidates, same run.
 
-Three built-in kernels (saxpy, partial_sum, block_scan; 10-12 candidates
-each) are tuned on the default backend two ways, ``--runs`` times:
+Three kernels with 10-12 candidates each (``--kernels bench``: SGEMM,
+convolution and partial_sum from ``tuning_kernels.py``; ``--kernels builtin``:
+the library's saxpy, partial_sum and block_scan) are tuned on the default
+backend two ways, ``--runs`` times:
 
 * ``concurrent``: ``Tuner.tune_all`` -- the three problems as concurrent
   tasks, every candidate compiled in a worker pool while others are measured,
@@ -37,6 +39,9 @@ import accy_async as accy
 from accy_async import library
 from accy_async.plan import ArtifactFormat, KernelTuningProblem
 from accy_async.tuning import Tuner, TuningResult
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tuning_kernels  # the benchmark's own kernels, beside this file
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -82,7 +87,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             if ArtifactFormat.CUDA_SOURCE in backend.formats
             else ArtifactFormat.CPU
         )
-        base = list(library.tuning_document(fmt, args.n).kernels)
+        if args.kernels == "bench":
+            base = tuning_kernels.problems()
+        else:
+            base = list(library.tuning_document(fmt, args.n).kernels)
         runs = []
         for run in range(args.runs):
             row: dict[str, Any] = {"run": run + 1}
@@ -115,7 +123,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             for name in names
         }
+        checks = {}
+        if args.kernels == "bench":
+            sgemm = base[0]
+            for way in ("concurrent", "sequential"):
+                winner = runs[0][way]["problems"]["sgemm"]["winner"]
+                if winner is not None:
+                    checks[way] = await tuning_kernels.check_sgemm(backend, sgemm, winner)
         return {
+            "sgemm_winner_max_error": checks,
             "device": backend.name,
             "identity": msgspec.to_builtins(backend.identity),
             "python": platform.python_version(),
@@ -152,6 +168,23 @@ def markdown(report: dict[str, Any]) -> str:
     )
     lines += [
         "",
+        "Per problem, run 1 (seconds; compile and measure are sums over candidates, so"
+        " concurrent compiles overlap):",
+        "",
+        "| problem | way | setup | compile | measure | wall |",
+        "|---|---|---|---|---|---|",
+    ]
+    first_run = report["runs"][0]
+    for way in ("concurrent", "sequential"):
+        for name, row in first_run[way]["problems"].items():
+            lines.append(
+                f"| {name} | {way} | {row['setup_seconds']:.3f} | {row['compile_seconds']:.3f} | "
+                f"{row['measure_seconds']:.3f} | {row['wall_seconds']:.3f} |"
+            )
+    lines += [
+        "",
+        f"SGEMM winner checked against NumPy (largest error): {report['sgemm_winner_max_error']}",
+        "",
         f"Median ratio {report['ratio_median']:.3f}, worst {report['ratio_max']:.3f} "
         "(target at most 0.6).",
         f"Same winners both ways in every run: {report['same_winners_every_run']}; "
@@ -174,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("-n", type=int, default=library.DEFAULT_TUNING_N)
+    parser.add_argument("--kernels", choices=("bench", "builtin"), default="bench")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     report = anyio.run(main_async, args)

@@ -16,12 +16,13 @@ preferred to a dangling pointer (see :meth:`Backend.defer_destroy`).
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import itertools
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal, TypeAlias
 
@@ -691,6 +692,17 @@ class Backend(abc.ABC):
         loaded = LoadedArtifact(self.backend_id, object_id, native, artifact)
         self._live[object_id] = loaded
         return loaded
+
+    @contextlib.asynccontextmanager
+    async def parallel_compilation(self, workers: int) -> AsyncIterator[None]:
+        """Within the block, let up to ``workers`` compilations run in parallel.
+
+        For backends whose compiler serialises the compilations of a process
+        (NVRTC on CUDA) this starts worker processes for the block; elsewhere
+        it does nothing. Blocks may nest; the outermost one decides.
+        """
+        del workers
+        yield
 
     # ----- streams and events --------------------------------------------------------------
 

@@ -22,13 +22,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import queue
 import struct
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
 import anyio.to_thread
@@ -57,7 +58,7 @@ from .base import (
 )
 from .cuda_driver import driver, probe_cuda, translate
 from .cuda_reactor import CompletionReactor
-from .nvrtc import compile_source, nvrtc_version
+from .nvrtc import CompilePool, compile_source, nvrtc_version
 
 __all__ = ["CudaBackend", "probe_cuda"]
 
@@ -228,6 +229,7 @@ class CudaBackend(Backend):
     ) -> None:
         super().__init__(limits=limits)
         self._anticipation = anticipation
+        self._compile_pool: CompilePool | None = None
         self._recorded_at: dict[int, tuple[int, float]] = {}
         self._expected: dict[int, float] = {}
         d = driver()
@@ -468,19 +470,35 @@ class CudaBackend(Backend):
         payload = spec.payload
         if spec.format is ArtifactFormat.CUDA_SOURCE:
             assert isinstance(payload, TextPayload)
-            compiled = await anyio.to_thread.run_sync(
-                compile_source,
+            arguments = (
                 payload.text,
                 spec.kernel_name,
                 spec.compile_options,
                 self._compute_capability,
             )
+            if self._compile_pool is not None:
+                compiled = await self._compile_pool.compile(*arguments)
+            else:
+                compiled = await anyio.to_thread.run_sync(compile_source, *arguments)
             return KernelArtifact(spec, compiled.image, compiled.kind)
         if spec.format is ArtifactFormat.CUDA_PTX:
             assert isinstance(payload, TextPayload)
             return KernelArtifact(spec, payload.text.encode() + b"\0", "ptx")
         assert isinstance(payload, BinaryPayload)
         return KernelArtifact(spec, payload.data, "cubin")
+
+    @contextlib.asynccontextmanager
+    async def parallel_compilation(self, workers: int) -> AsyncIterator[None]:
+        """Compile CUDA C in up to ``workers`` NVRTC processes within the block."""
+        if self._compile_pool is not None:
+            yield
+            return
+        self._compile_pool = pool = CompilePool(workers)
+        try:
+            yield
+        finally:
+            self._compile_pool = None
+            pool.close()
 
     async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
         context = self._context

@@ -18,6 +18,7 @@ taken in batches until the median is precise enough (``precision``) or
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
@@ -145,23 +146,31 @@ class Tuner:
             cache if cache is None or isinstance(cache, TuningCache) else TuningCache(cache)
         )
         self.concurrent = concurrent
+        self._compile_workers = compile_workers or os.cpu_count() or 1
         self._compile_limiter = anyio.CapacityLimiter(
-            1 if not concurrent else compile_workers or os.cpu_count() or 1
+            1 if not concurrent else self._compile_workers
         )
+        self._exit_stack = contextlib.AsyncExitStack()
         self._on_progress = on_progress
         self._progress: dict[int, int] = {}
         self._runs: dict[str, _SharedRun] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> Tuner:
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
+        self._exit_stack = contextlib.AsyncExitStack()
+        async with self._exit_stack as stack:
+            if self.concurrent:
+                await stack.enter_async_context(
+                    self.backend.parallel_compilation(self._compile_workers)
+                )
+            self._task_group = await stack.enter_async_context(anyio.create_task_group())
+            stack = stack.pop_all()
+        self._exit_stack = stack
         return self
 
     async def __aexit__(self, *exc_info: object) -> bool | None:
-        group, self._task_group = self._task_group, None
-        assert group is not None
-        return await group.__aexit__(*exc_info)  # type: ignore[arg-type]
+        stack, self._task_group = self._exit_stack, None
+        return await stack.__aexit__(*exc_info)  # type: ignore[arg-type]
 
     # ----- public ---------------------------------------------------------------------------
 
