@@ -56,9 +56,10 @@ from .base import (
     StageLauncher,
     StreamHandle,
 )
+from .compile_pool import CompilePool, shared_compile_pool
 from .cuda_driver import driver, probe_cuda, translate
 from .cuda_reactor import CompletionReactor
-from .nvrtc import CompilePool, compile_source, nvrtc_version
+from .nvrtc import compile_source, nvrtc_version
 
 __all__ = ["CudaBackend", "probe_cuda"]
 
@@ -489,16 +490,19 @@ class CudaBackend(Backend):
 
     @contextlib.asynccontextmanager
     async def parallel_compilation(self, workers: int) -> AsyncIterator[None]:
-        """Compile CUDA C in up to ``workers`` NVRTC processes within the block."""
+        """Compile CUDA C in the shared pool of NVRTC processes within the block.
+
+        The pool (:func:`~accy_async.backends.nvrtc.shared_compile_pool`) keeps
+        its workers after the block, for the next one.
+        """
         if self._compile_pool is not None:
             yield
             return
-        self._compile_pool = pool = CompilePool(workers)
+        self._compile_pool = shared_compile_pool(workers)
         try:
             yield
         finally:
             self._compile_pool = None
-            pool.close()
 
     async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
         context = self._context

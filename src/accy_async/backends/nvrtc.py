@@ -11,19 +11,22 @@ it in a worker thread, never on the event loop's thread.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
-import anyio.to_thread
-
 from ..errors import CompilationError, RuntimeUnavailable
 
-__all__ = ["CompilePool", "CompiledImage", "compile_source", "nvrtc_version"]
+__all__ = [
+    "CompiledImage",
+    "cached_image",
+    "compile_source",
+    "nvrtc_version",
+    "remember_image",
+    "warm_up",
+]
 
 _CACHE_CAPACITY: Final = 256
 _cache: OrderedDict[str, CompiledImage] = OrderedDict()
@@ -89,7 +92,12 @@ def compile_source(
             _cache.move_to_end(key)
             return cached
     device_arch = compute_capability[0] * 10 + compute_capability[1]
-    supported = _supported_architectures()
+    try:
+        supported = _supported_architectures()
+    except (CompilationError, RuntimeUnavailable):
+        raise
+    except Exception as exc:  # cuda-bindings raises its own error when libnvrtc is missing
+        raise RuntimeUnavailable(f"NVRTC cannot be loaded: {exc}") from exc
     if device_arch in supported:
         image = _compile(source, name, options, f"-arch=sm_{device_arch}", "cubin")
     else:
@@ -124,48 +132,19 @@ def remember_image(
             _cache.popitem(last=False)
 
 
-class CompilePool:
-    """NVRTC in worker processes, so that compilations run in parallel.
-
-    NVRTC serialises the compilations of one process (measured on the H200:
-    32 kernels took longer from 16 threads than one after another), so
-    compiling many kernels at once, as tuning does, needs processes. Workers
-    come from a ``forkserver`` that has imported this module, so starting one
-    is cheap and nothing is forked from a process holding a CUDA context.
-    """
-
-    def __init__(self, workers: int) -> None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__])
-        self._executor = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context)
-
-    async def compile(
-        self,
-        source: str,
-        name: str,
-        options: Sequence[str],
-        compute_capability: tuple[int, int],
-    ) -> CompiledImage:
-        """:func:`compile_source` in a worker process; awaiting it never blocks the loop."""
-        cached = cached_image(source, name, options, compute_capability)
-        if cached is not None:
-            return cached
-        future = self._executor.submit(
-            compile_source, source, name, tuple(options), compute_capability
+def warm_up() -> None:
+    """Load NVRTC and its builtins by compiling an empty kernel; quietly skip without NVRTC."""
+    try:
+        arch = _supported_architectures()[0]
+        _compile(
+            'extern "C" __global__ void accy_warm() {}',
+            "accy_warm",
+            (),
+            f"-arch=compute_{arch}",
+            "ptx",
         )
-        try:
-            image: CompiledImage = await anyio.to_thread.run_sync(
-                future.result, abandon_on_cancel=True
-            )
-        except BaseException:
-            future.cancel()
-            raise
-        remember_image(source, name, options, compute_capability, image)
-        return image
-
-    def close(self) -> None:
-        """Stop the workers; compilations still queued are dropped."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+    except Exception:  # noqa: BLE001 - a worker without NVRTC reports it at its first compile
+        return
 
 
 def _cache_key(
