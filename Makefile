@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck check bench clean
+.PHONY: test demo lint typecheck check bench tune-bench reliability reliability-long fuzz-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,20 @@ typecheck: $(STAMP)
 check: lint typecheck test
 
 bench: $(STAMP)
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/cuda_bench.py
+
+tune-bench: $(STAMP)
+	$(PY) benchmarks/tuning_bench.py
+
+# docs/reliability.md: fault and cancellation sweeps, fuzzing, the model, load.
+reliability: $(STAMP)
+	$(PY) -m tests.reliability --write
+
+reliability-long: $(STAMP)
+	$(PY) -m tests.reliability --write --long
+
+fuzz-long: $(STAMP)
+	ACCY_FUZZ_EXAMPLES=10000 ACCY_STATEFUL_EXAMPLES=1000 $(PY) -m pytest tests/test_fuzz.py tests/test_stateful.py
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache

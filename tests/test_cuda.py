@@ -176,6 +176,10 @@ FAULT_SCRIPT = textwrap.dedent("""
             other = backend.create_stream()
             backend.launch(slow, [buffer.bind()], [accy.U32(1), accy.F32(1),
                            accy.U64(200_000_000)], (1, 1, 1), (1, 1, 1), stream=other)
+            events = [backend.create_event() for _ in range(50)]
+            for event in events:
+                backend.record_event(event, other)
+            read = backend.enqueue_read(buffer, stream=other)
             backend.launch(bad, [buffer.bind()], [], (1, 1, 1), (1, 1, 1))
             failures = 0
             async def waiter(wait):
@@ -189,11 +193,23 @@ FAULT_SCRIPT = textwrap.dedent("""
                 async with anyio.create_task_group() as group:
                     group.start_soon(waiter, accy.wait_stream(backend))
                     group.start_soon(waiter, accy.wait_stream(backend, other))
-            refused = False
-            try:
-                backend.allocate_buffer(16)
-            except accy.DeviceFault:
-                refused = True
+                    group.start_soon(waiter, accy.wait_read(read))
+                    for event in events:
+                        group.start_soon(waiter, accy.wait_event(backend, event))
+            refused = 0
+            attempts = [
+                lambda: backend.allocate_buffer(16),
+                backend.create_stream,
+                backend.create_event,
+                lambda: backend.launch(slow, [buffer.bind()], [accy.U32(1), accy.F32(1),
+                                       accy.U64(0)], (1, 1, 1), (1, 1, 1)),
+                lambda: backend.record_event(events[0]),
+            ]
+            for attempt in attempts:
+                try:
+                    attempt()
+                except accy.DeviceFault:
+                    refused += 1
             print("FAILURES", failures, "REFUSED", refused,
                   "SECONDS", round(time.perf_counter() - start, 3))
     anyio.run(main)
@@ -217,4 +233,5 @@ def test_an_out_of_bounds_kernel_is_a_device_fault_without_a_hang() -> None:
             ),
         },
     )
-    assert "FAILURES 2 REFUSED True" in completed.stdout, completed.stdout + completed.stderr
+    # Every waiter (two streams, a read, 50 events) fails; every new call is refused at once.
+    assert "FAILURES 53 REFUSED 5" in completed.stdout, completed.stdout + completed.stderr

@@ -481,6 +481,35 @@ async def test_cuda_tunes_the_builtin_kernels_with_device_timing(
 
 
 @pytest.mark.gpu
+async def test_cuda_candidates_that_fail_to_compile_or_launch_are_recorded(
+    cuda_backend: accy.Backend,
+) -> None:
+    document = library.tuning_document(p.ArtifactFormat.CUDA_SOURCE, 1 << 16)
+    saxpy = document.kernels[0]
+    good = saxpy.candidates[0]
+    too_much_shared = p.TuningCandidate(
+        launch=p.FixedLaunch(
+            geometry=p.LaunchGeometry(
+                grid=(512, 1, 1), block=(128, 1, 1), shared_memory_bytes=200_000
+            )
+        ),
+        label="needs more dynamic shared memory than a block may have without opting in",
+    )
+    does_not_compile = p.TuningCandidate(
+        launch=good.launch, compile_options=("-DACCY_ITEMS=no_such_name",), label="bad define"
+    )
+    problem = msgspec.structs.replace(saxpy, candidates=(good, too_much_shared, does_not_compile))
+    async with Tuner(cuda_backend, settings=TuningSettings(max_samples=20)) as tuner:
+        result = await tuner.tune(problem)
+    assert [c.status for c in result.candidates] == ["ok", "failed", "failed"]
+    assert "CompilationError" in result.candidates[2].error
+    assert "no_such_name" in result.candidates[2].error
+    assert result.winner == 0
+    assert cuda_backend.fault is None
+    assert dict(cuda_backend.live_objects()) == {}
+
+
+@pytest.mark.gpu
 async def test_cuda_timing_events_give_device_time(cuda_backend: accy.Backend) -> None:
     start, end = cuda_backend.create_event(timing=True), cuda_backend.create_event(timing=True)
     loaded = await kernels.load(cuda_backend, "slow_fill_f32")

@@ -247,19 +247,32 @@ async def release_when_idle(
     streams = list(streams) or [None]
     finished = backend.fault is not None or backend.closed
     if not finished:
-        with (
-            anyio.CancelScope(shield=True),
-            anyio.move_on_after(CLEANUP_WAIT_SECONDS if patience is None else patience),
-        ):
-            try:
-                for stream in streams:
-                    await wait_stream(backend, stream)
-                finished = True
-            except AccyError:
-                finished = backend.fault is not None or backend.closed
+        try:
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(CLEANUP_WAIT_SECONDS if patience is None else patience),
+            ):
+                try:
+                    for stream in streams:
+                        await wait_stream(backend, stream)
+                    finished = True
+                except AccyError:
+                    finished = backend.fault is not None or backend.closed
+        except BaseException:
+            # asyncio's own Task.cancel() goes through AnyIO's shield: hand the objects to
+            # the deferred releases (nothing is awaited there) and let the cancellation go on.
+            _defer(backend, objects, streams)
+            raise
     if finished:
         backend.destroy_all(objects)
         return
+    _defer(backend, objects, streams)
+
+
+def _defer(
+    backend: Backend, objects: Sequence[DeviceObject], streams: Sequence[StreamHandle | None]
+) -> None:
+    """Release ``objects`` once ``streams`` are idle (at once if the backend cannot wait)."""
     try:
         backend.defer_destroy(objects, after=streams)
     except AccyError:

@@ -508,6 +508,9 @@ class CudaBackend(Backend):
         context = self._context
         name = artifact.spec.kernel_name
 
+        lock = threading.Lock()
+        state: dict[str, Any] = {}
+
         def load() -> tuple[Any, Any]:
             d = driver()
             d.cuCtxSetCurrent(context)
@@ -518,9 +521,24 @@ class CudaBackend(Backend):
             if int(result):
                 d.cuModuleUnload(module)
                 raise InvalidArtifact(f"the module has no kernel named {name!r}")
+            with lock:
+                if state.get("abandoned"):  # the caller was cancelled: nobody will unload it
+                    d.cuModuleUnload(module)
+                else:
+                    state["loaded"] = module
             return module, function
 
-        module, function = await anyio.to_thread.run_sync(load)
+        try:
+            module, function = await anyio.to_thread.run_sync(load)
+        except BaseException:
+            # Cancelled (asyncio's Task.cancel() goes through the caller's shield) while the
+            # worker thread loads: whichever of the two finishes last unloads the module.
+            with lock:
+                state["abandoned"] = True
+                loaded = state.pop("loaded", None)
+            if loaded is not None:
+                driver().cuModuleUnload(loaded)
+            raise
         return _Kernel(module, function, artifact.spec.argument_count)
 
     # ----- streams and events --------------------------------------------------------------

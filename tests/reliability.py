@@ -1,0 +1,490 @@
+"""The scenarios the reliability sweeps run, the load test, and the report that regenerates
+``docs/reliability.md``::
+
+    python -m tests.reliability            # print the figures
+    python -m tests.reliability --write    # and rewrite docs/reliability.md (make reliability)
+
+Each scenario does what a caller does (allocate its buffers, launch, read the result,
+release its buffers, shielded, once the device is done with them) and returns a checksum of
+the result, so runs that finish are also checked for the right answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+
+import accy_async as accy
+from accy_async import library
+from accy_async import plan as p
+from accy_async.graph import launch_graph
+from accy_async.kernels import SlotBinding, load_kernels
+from accy_async.pipeline import PipelineLaunch, choose_format, launch_pipeline
+from accy_async.testing import CancellationReport, FaultReport, cancellation_sweep, fault_sweep
+from accy_async.tuning import Tuner
+from accy_async.waiting import release_when_idle
+
+from .plans import geometry, planned, slots
+from .tuning_fixtures import QUICK, probe_problem
+
+N = 1000
+SCAN = library.prefix_sum(p.DType.F32, 64)
+SAXPY = library.saxpy(p.DType.F32)
+
+
+async def _release(backend: accy.Backend, objects: list[Any]) -> None:
+    with anyio.CancelScope(shield=True):
+        await release_when_idle(backend, objects, [None])
+
+
+async def pipeline_scenario(backend: accy.Backend) -> float:
+    """A pipeline launch that allocates its intermediates and loads its kernels itself."""
+    x = backend.allocate_buffer(4 * N)
+    owned: list[Any] = [x]
+    try:
+        y = backend.allocate_buffer(4 * N)
+        owned.append(y)
+        backend.write_buffer(x, np.ones(N, np.float32).tobytes())
+        await launch_pipeline(
+            backend,
+            PipelineLaunch(
+                pipeline=SCAN.pipeline,
+                registry=SCAN.registry,
+                format=choose_format(backend, SCAN),
+                operands=[x.bind("read_only")],
+                results=[y.bind()],
+                runtime_scalar_arguments=(p.U32(N),),
+            ),
+        )
+        data = await accy.wait_read(backend.enqueue_read(y))
+        return float(np.frombuffer(data, np.float32).sum())
+    finally:
+        await _release(backend, owned)
+
+
+def graph_plan(backend: accy.Backend) -> p.ArtifactPlan:
+    """iota -> copy, iota -> add_one, (copy, add_one) -> add: a diamond over four kernels."""
+    n = (p.U32(N),)
+    return p.ArtifactPlan(
+        slots=slots(*((slot, 4 * N) for slot in (1, 2, 3, 4))),
+        kernels=(
+            planned(
+                backend,
+                10,
+                "iota_f32",
+                1,
+                (),
+                runtime_scalar_argument_count=2,
+                runtime_scalar_defaults=(p.U32(N), p.F32(0.0)),
+                launch_resources=geometry(N),
+            ),
+            planned(
+                backend,
+                11,
+                "copy_f32",
+                2,
+                (1,),
+                runtime_scalar_argument_count=1,
+                runtime_scalar_defaults=n,
+                launch_resources=geometry(N),
+            ),
+            planned(
+                backend,
+                12,
+                "add_one_f32",
+                3,
+                (1,),
+                runtime_scalar_argument_count=1,
+                runtime_scalar_defaults=n,
+                launch_resources=geometry(N),
+            ),
+            planned(
+                backend,
+                13,
+                "add_f32",
+                4,
+                (2, 3),
+                runtime_scalar_argument_count=1,
+                runtime_scalar_defaults=n,
+                launch_resources=geometry(N),
+            ),
+        ),
+    )
+
+
+DIAMOND = p.LaunchGraphPlan(
+    nodes=tuple(p.GraphNode(kernel_index=i, stream=s) for i, s in enumerate((0, 1, 2, 1))),
+    dependencies=tuple(
+        p.GraphDependency(producer_node_index=a, consumer_node_index=b)
+        for a, b in ((0, 1), (0, 2), (1, 3), (2, 3))
+    ),
+    stream_count=3,
+)
+EXPECTED_GRAPH = float(sum(2 * i + 1 for i in range(N)))
+
+
+async def graph_scenario(backend: accy.Backend) -> float:
+    """A kernel load and a launch graph on three streams, joined by device-side events."""
+    owned: list[Any] = []
+    try:
+        owned.extend(backend.allocate_buffer(4 * N) for _ in range(4))
+        bindings = [
+            SlotBinding(slot, b.bind()) for slot, b in zip((1, 2, 3, 4), owned, strict=True)
+        ]
+        async with await load_kernels(backend, graph_plan(backend)) as kernels:
+            run = await launch_graph(kernels, bindings, DIAMOND)
+            await run.wait()
+        data = await accy.wait_read(backend.enqueue_read(owned[3]))
+        return float(np.frombuffer(data, np.float32).sum())
+    finally:
+        await _release(backend, owned)
+
+
+async def kernel_scenario(backend: accy.Backend) -> float:
+    """Load an artifact plan's kernels and launch one."""
+    buffer = backend.allocate_buffer(4 * N)
+    try:
+        async with await load_kernels(backend, graph_plan(backend)) as kernels:
+            kernels.launch_kernel(0, [SlotBinding(1, buffer.bind())])
+        data = await accy.wait_read(backend.enqueue_read(buffer))
+        return float(np.frombuffer(data, np.float32).sum())
+    finally:
+        await _release(backend, [buffer])
+
+
+async def tuning_scenario(backend: accy.Backend) -> int | None:
+    """Tune the probe kernel (CPU) over six candidates."""
+    async with Tuner(backend, settings=QUICK) as tuner:
+        result = await tuner.tune(probe_problem(blocks=(64, 128, 256)))
+    return result.winner
+
+
+SCENARIOS: dict[str, Callable[[accy.Backend], Awaitable[Any]]] = {
+    "pipeline launch": pipeline_scenario,
+    "graph launch": graph_scenario,
+    "kernel load": kernel_scenario,
+}
+EXPECTED: dict[str, Any] = {
+    "pipeline launch": float(N * (N + 1) // 2),
+    "graph launch": EXPECTED_GRAPH,
+    "kernel load": float(N * (N - 1) // 2),
+    "tuning": 1,
+}
+
+
+async def run_fault_sweeps() -> list[FaultReport]:
+    """Every default fault kind at every N, for each scenario."""
+    return [await fault_sweep(s, name=name) for name, s in SCENARIOS.items()]
+
+
+async def run_cancellation_sweeps(
+    ways: tuple[str, ...] = ("scope", "timeout", "task"),
+) -> list[CancellationReport]:
+    """Each scenario and tuning on the CPU backend, cancelled at every checkpoint, every way."""
+    reports = []
+    library_name = sniffio_name()
+    async with accy.open_backend("cpu") as backend:
+        for name, scenario in [*SCENARIOS.items(), ("tuning", tuning_scenario)]:
+            for way in ways:
+                if way == "task" and library_name != "asyncio":
+                    continue
+                expected = EXPECTED[name]
+                reports.append(
+                    await cancellation_sweep(
+                        scenario,
+                        backend,
+                        name=name,
+                        way=way,  # type: ignore[arg-type]
+                        check=equals(expected),
+                    )
+                )
+    return reports
+
+
+def equals(expected: Any) -> Callable[[Any], bool]:
+    """A check that a finished run returned ``expected``."""
+
+    def check(result: Any) -> bool:
+        return bool(result == expected)
+
+    return check
+
+
+def sniffio_name() -> str:
+    import sniffio
+
+    return sniffio.current_async_library()
+
+
+@dataclass
+class LoadReport:
+    callers: int
+    pipelines_each: int
+    launches: int
+    wrong: int
+    seconds: float
+    worst_lag_ms: float
+    median_lag_ms: float
+    blocks_before: int
+    blocks_after: int
+    live_after: int
+    tuned_gc: bool
+
+
+async def load_test(
+    callers: int = 1000, each: int = 10, n: int = 256, streams: int = 2, tuned_gc: bool = True
+) -> LoadReport:
+    """``callers`` tasks each running ``each`` pipelines on the CPU backend, checksummed.
+
+    Callers arrive over a few loop iterations (the spawner yields every 5) and share
+    ``streams`` streams; a 1 ms heartbeat measures the loop's lag. Python's allocated
+    blocks are counted before the backend opens and after it closes
+    (``sys.getallocatedblocks``, after a full collection; run it once before to warm the
+    library's bounded caches). ``tuned_gc`` does what the README recommends for services
+    with many tasks: ``gc.freeze()`` after set-up and a first-generation threshold of
+    50,000 (otherwise the cyclic collector's full passes pause the loop for tens of ms).
+    """
+    document = SAXPY
+    lags: list[float] = []
+    wrong = 0
+    gc.collect()
+    blocks_before = sys.getallocatedblocks()
+    async with accy.open_backend("cpu") as backend:
+        fmt = choose_format(backend, document)
+        pool = await accy.load_pipeline_artifacts(
+            backend, document.pipeline, document.registry, fmt
+        )
+        lanes = [backend.create_stream() for _ in range(streams)]
+        done = anyio.Event()
+
+        async def heartbeat() -> None:
+            while not done.is_set():
+                before = time.perf_counter()
+                await anyio.sleep(0.001)
+                lags.append(time.perf_counter() - before - 0.001)
+
+        async def caller(index: int) -> None:
+            nonlocal wrong
+            stream = lanes[index % streams]
+            x = np.full(n, float(index % 7), np.float32)
+            y = np.arange(n, dtype=np.float32)
+            buffers = [accy.upload(backend, v, stream=stream) for v in (x, y)]
+            out = backend.allocate_buffer(4 * n)
+            try:
+                for repeat in range(each):
+                    a = float(repeat + 1)
+                    await launch_pipeline(
+                        backend,
+                        PipelineLaunch(
+                            pipeline=document.pipeline,
+                            registry=document.registry,
+                            format=fmt,
+                            operands=[b.bind("read_only") for b in buffers],
+                            results=[out.bind()],
+                            runtime_scalar_arguments=(p.U32(n), p.F32(a)),
+                            artifacts=pool,
+                            stream=stream,
+                        ),
+                    )
+                    got = await accy.download(backend, out, np.float32, n, stream=stream)
+                    if not np.array_equal(got, a * x + y):
+                        wrong += 1
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await release_when_idle(backend, [*buffers, out], [stream])
+
+        thresholds = gc.get_threshold()
+        if tuned_gc:
+            gc.freeze()
+            gc.set_threshold(50_000, 50, 1000)
+        started = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            group.start_soon(heartbeat)
+            async with anyio.create_task_group() as callers_group:
+                for index in range(callers):
+                    callers_group.start_soon(caller, index)
+                    if index % 5 == 4:
+                        await anyio.lowlevel.checkpoint()
+            seconds = time.perf_counter() - started
+            done.set()
+        del caller, heartbeat
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        await pool.aclose()
+        backend.destroy_all(lanes)
+        live_after = len(backend.live_objects())
+    gc.collect()
+    blocks_after = sys.getallocatedblocks()
+    lags.sort()
+    return LoadReport(
+        callers=callers,
+        pipelines_each=each,
+        launches=callers * each,
+        wrong=wrong,
+        seconds=seconds,
+        worst_lag_ms=lags[-1] * 1e3 if lags else 0.0,
+        median_lag_ms=lags[len(lags) // 2] * 1e3 if lags else 0.0,
+        blocks_before=blocks_before,
+        blocks_after=blocks_after,
+        live_after=live_after,
+        tuned_gc=tuned_gc,
+    )
+
+
+# ----- the report ----------------------------------------------------------------------------
+
+
+def _fuzz_counts(examples: int) -> dict[str, int]:
+    from .test_fuzz import run_fuzz
+
+    return run_fuzz(examples)
+
+
+def _stateful_runs(examples: int) -> int:
+    from .test_stateful import run_machine
+
+    return run_machine(examples)
+
+
+async def _async_figures(library_name: str) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    await load_test(50, 2)  # warm the library's bounded caches (plans, programs)
+    figures["load"] = [await load_test(tuned_gc=True), await load_test(tuned_gc=False)]
+    if library_name == "asyncio":
+        figures["faults"] = await run_fault_sweeps()
+    figures["cancellation"] = await run_cancellation_sweeps()
+    return figures
+
+
+def report(long: bool) -> str:
+    started = time.perf_counter()
+    asyncio_figures = anyio.run(_async_figures, "asyncio")
+    trio_figures = anyio.run(_async_figures, "trio", backend="trio")
+    fuzz = _fuzz_counts(10_000 if long else 500)
+    stateful = _stateful_runs(1_000 if long else 100)
+    faults: list[FaultReport] = asyncio_figures["faults"]
+    cancels: list[CancellationReport] = [
+        *asyncio_figures["cancellation"],
+        *trio_figures["cancellation"],
+    ]
+    loads: list[tuple[str, LoadReport]] = [
+        *(("asyncio", each) for each in asyncio_figures["load"]),
+        *(("trio", each) for each in trio_figures["load"]),
+    ]
+    lines = [
+        "# Reliability figures",
+        "",
+        "Regenerated by `make reliability` (`python -m tests.reliability --write"
+        + (" --long" if long else "")
+        + "`) on "
+        + f"{time.strftime('%Y-%m-%d')}, {platform.system()} {platform.machine()}, "
+        + f"{os.cpu_count()} cores, Python {platform.python_version()}; "
+        + f"{time.perf_counter() - started:.0f} s. The GPU part is in "
+        + "`benchmarks/results/` (sticky faults, memcheck).",
+        "",
+        "## Faults injected (recording backend)",
+        "",
+        "Every call of each kind below failed in turn (`accy_async.testing.fault_sweep`): the",
+        "caller must get the injected error (or the library absorbs it where it documents a",
+        "fallback), no device object may stay alive, and a clean run on the same backend must",
+        "pass.",
+        "",
+        "| scenario | calls per kind (clean run) | points tried | raised | absorbed | problems |",
+        "|---|---|---|---|---|---|",
+    ]
+    for fault in faults:
+        calls = ", ".join(f"{k} {v}" for k, v in fault.calls.items() if v)
+        lines.append(
+            f"| {fault.scenario} | {calls} | {fault.points} | {fault.raised} | {fault.absorbed} | "
+            f"{len(fault.problems)} |"
+        )
+    lines += [
+        "",
+        "## Cancellation (CPU backend, real worker threads)",
+        "",
+        "Cancelled after 0, 1, 2, ... checkpoints of another task until the work finished first",
+        "(`accy_async.testing.cancellation_sweep`): after draining, nothing alive, no task left,",
+        "the cancellation reached the caller, finished runs checksummed.",
+        "",
+        "| scenario | loop | how | points | cancelled | finished first | problems |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    loops = ["asyncio"] * len(asyncio_figures["cancellation"]) + ["trio"] * len(
+        trio_figures["cancellation"]
+    )
+    for loop, cancel in zip(loops, cancels, strict=True):
+        lines.append(
+            f"| {cancel.scenario} | {loop} | {cancel.way} | {cancel.points} | {cancel.cancelled} | "
+            f"{cancel.completed} | {len(cancel.problems)} |"
+        )
+    lines += [
+        "",
+        "## Fuzzed plans",
+        "",
+        "| what | cases |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in fuzz.items()),
+        f"| stateful model runs (allocate, free, load, launch, cancel, fault) | {stateful} |",
+        "",
+        "Every rejection was a `PlanError` (or another documented `AccyError`) with a path;",
+        "no other exception escaped; a rejected launch allocated nothing.",
+        "",
+        "## Load (CPU backend)",
+        "",
+        "1,000 callers, each running 10 saxpy pipelines (256 elements) and checking the result,",
+        "on two streams; a 1 ms heartbeat beside them. Target: worst lag under 10 ms.",
+        "",
+        "| loop | GC | launches | wrong results | seconds | heartbeat worst lag | median lag | "
+        "Python blocks before / after | objects alive after |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {loop} | {'frozen, threshold 50,000' if load.tuned_gc else 'default'} | "
+            f"{load.launches} | {load.wrong} | {load.seconds:.1f} | {load.worst_lag_ms:.1f} ms | "
+            f"{load.median_lag_ms:.2f} ms | {load.blocks_before:,} / {load.blocks_after:,} | "
+            f"{load.live_after} |"
+            for loop, load in loads
+        ),
+        "",
+        "## Untrusted plans",
+        "",
+        "`tests/test_reliability.py::test_untrusted_*`: a plan naming an unregistered CPU kernel",
+        "(`os.system`, a module path) is refused at create time; an intermediate of 2**60 bytes",
+        "and one over a configured `Limits` are refused before any allocation; runtime scalars",
+        "outside their bounds are refused before any allocation.",
+    ]
+    problems = [f"- {f.scenario}: {pr.point}: {pr.problem}" for f in faults for pr in f.problems]
+    problems += [
+        f"- {c.scenario} ({c.way}): {pr.point}: {pr.problem}" for c in cancels for pr in c.problems
+    ]
+    if problems:
+        lines += ["", "## Problems found", "", *problems[:50]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="regenerate docs/reliability.md")
+    parser.add_argument("--write", action="store_true", help="rewrite docs/reliability.md")
+    parser.add_argument("--long", action="store_true", help="10,000 fuzz cases, 1,000 models")
+    args = parser.parse_args(argv)
+    text = report(args.long)
+    print(text)
+    if args.write:
+        target = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
