@@ -42,6 +42,29 @@ def geometry(n: int, block: int = 64) -> p.LaunchResources:
     )
 
 
+def elementwise_kernels(backend: accy.Backend, n: int) -> tuple[p.PlannedKernel, ...]:
+    """Kernels 11-13 over ``n`` floats: copy slot 1 to 2, add one to slot 1 into 3, and add
+    slots 2 and 3 into 4 (the middle and end of the test graphs' diamond)."""
+    count = (p.U32(n),)
+    return tuple(
+        planned(
+            backend,
+            kernel_id,
+            name,
+            output,
+            inputs,
+            runtime_scalar_argument_count=1,
+            runtime_scalar_defaults=count,
+            launch_resources=geometry(n),
+        )
+        for kernel_id, name, output, inputs in (
+            (11, "copy_f32", 2, (1,)),
+            (12, "add_one_f32", 3, (1,)),
+            (13, "add_f32", 4, (2, 3)),
+        )
+    )
+
+
 def bind_all(backend: accy.Backend, sizes: dict[int, int]) -> list[SlotBinding]:
     """A fresh buffer for each slot."""
     return [

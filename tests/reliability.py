@@ -5,7 +5,8 @@
     python -m tests.reliability --write    # and rewrite docs/reliability.md (make reliability)
 
 Each scenario does what a caller does (allocate its buffers, launch, read the result,
-release its buffers, shielded, once the device is done with them) and returns a checksum of
+release its buffers with ``release_when_idle``, which waits shielded for the device) and
+returns a checksum of
 the result, so runs that finish are also checked for the right answer.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import sniffio
 
 import accy_async as accy
 from accy_async import library
@@ -35,17 +37,12 @@ from accy_async.testing import CancellationReport, FaultReport, cancellation_swe
 from accy_async.tuning import Tuner
 from accy_async.waiting import release_when_idle
 
-from .plans import geometry, planned, slots
+from .plans import elementwise_kernels, geometry, planned, slots
 from .tuning_fixtures import QUICK, probe_problem
 
 N = 1000
 SCAN = library.prefix_sum(p.DType.F32, 64)
 SAXPY = library.saxpy(p.DType.F32)
-
-
-async def _release(backend: accy.Backend, objects: list[Any]) -> None:
-    with anyio.CancelScope(shield=True):
-        await release_when_idle(backend, objects, [None])
 
 
 async def pipeline_scenario(backend: accy.Backend) -> float:
@@ -70,12 +67,11 @@ async def pipeline_scenario(backend: accy.Backend) -> float:
         data = await accy.wait_read(backend.enqueue_read(y))
         return float(np.frombuffer(data, np.float32).sum())
     finally:
-        await _release(backend, owned)
+        await release_when_idle(backend, owned, [None])
 
 
 def graph_plan(backend: accy.Backend) -> p.ArtifactPlan:
     """iota -> copy, iota -> add_one, (copy, add_one) -> add: a diamond over four kernels."""
-    n = (p.U32(N),)
     return p.ArtifactPlan(
         slots=slots(*((slot, 4 * N) for slot in (1, 2, 3, 4))),
         kernels=(
@@ -89,36 +85,7 @@ def graph_plan(backend: accy.Backend) -> p.ArtifactPlan:
                 runtime_scalar_defaults=(p.U32(N), p.F32(0.0)),
                 launch_resources=geometry(N),
             ),
-            planned(
-                backend,
-                11,
-                "copy_f32",
-                2,
-                (1,),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=n,
-                launch_resources=geometry(N),
-            ),
-            planned(
-                backend,
-                12,
-                "add_one_f32",
-                3,
-                (1,),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=n,
-                launch_resources=geometry(N),
-            ),
-            planned(
-                backend,
-                13,
-                "add_f32",
-                4,
-                (2, 3),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=n,
-                launch_resources=geometry(N),
-            ),
+            *elementwise_kernels(backend, N),
         ),
     )
 
@@ -148,7 +115,7 @@ async def graph_scenario(backend: accy.Backend) -> float:
         data = await accy.wait_read(backend.enqueue_read(owned[3]))
         return float(np.frombuffer(data, np.float32).sum())
     finally:
-        await _release(backend, owned)
+        await release_when_idle(backend, owned, [None])
 
 
 async def kernel_scenario(backend: accy.Backend) -> float:
@@ -160,7 +127,7 @@ async def kernel_scenario(backend: accy.Backend) -> float:
         data = await accy.wait_read(backend.enqueue_read(buffer))
         return float(np.frombuffer(data, np.float32).sum())
     finally:
-        await _release(backend, [buffer])
+        await release_when_idle(backend, [buffer], [None])
 
 
 async def tuning_scenario(backend: accy.Backend) -> int | None:
@@ -193,7 +160,7 @@ async def run_cancellation_sweeps(
 ) -> list[CancellationReport]:
     """Each scenario and tuning on the CPU backend, cancelled at every checkpoint, every way."""
     reports = []
-    library_name = sniffio_name()
+    library_name = sniffio.current_async_library()
     async with accy.open_backend("cpu") as backend:
         for name, scenario in [*SCENARIOS.items(), ("tuning", tuning_scenario)]:
             for way in ways:
@@ -219,12 +186,6 @@ def equals(expected: Any) -> Callable[[Any], bool]:
         return bool(result == expected)
 
     return check
-
-
-def sniffio_name() -> str:
-    import sniffio
-
-    return sniffio.current_async_library()
 
 
 @dataclass
@@ -301,8 +262,7 @@ async def load_test(
                     if not np.array_equal(got, a * x + y):
                         wrong += 1
             finally:
-                with anyio.CancelScope(shield=True):
-                    await release_when_idle(backend, [*buffers, out], [stream])
+                await release_when_idle(backend, [*buffers, out], [stream])
 
         thresholds = gc.get_threshold()
         if tuned_gc:

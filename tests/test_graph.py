@@ -11,7 +11,7 @@ from accy_async import plan as p
 from accy_async.graph import launch_all, launch_graph
 from accy_async.kernels import LaunchOptions, SlotBinding, load_kernels
 
-from .plans import bind_all, destroy_bindings, geometry, planned, slots
+from .plans import bind_all, destroy_bindings, elementwise_kernels, geometry, planned, slots
 
 N = 1024
 
@@ -32,36 +32,7 @@ def chain_plan(backend: accy.Backend) -> p.ArtifactPlan:
                 runtime_scalar_defaults=(p.U32(N), p.F32(3.0), p.U64(20_000_000)),
                 launch_resources=geometry(N),
             ),
-            planned(
-                backend,
-                11,
-                "copy_f32",
-                2,
-                (1,),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=n,
-                launch_resources=geometry(N),
-            ),
-            planned(
-                backend,
-                12,
-                "add_one_f32",
-                3,
-                (1,),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=n,
-                launch_resources=geometry(N),
-            ),
-            planned(
-                backend,
-                13,
-                "add_f32",
-                4,
-                (2, 3),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=n,
-                launch_resources=geometry(N),
-            ),
+            *elementwise_kernels(backend, N),
             planned(
                 backend,
                 14,

@@ -4,6 +4,7 @@ figures (``make reliability``)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import sniffio
 
@@ -66,12 +67,7 @@ async def test_a_thousand_callers_running_ten_pipelines_each() -> None:
 def _cpu_pipeline(kernel_name: str) -> p.PipelineDocument:
     document = reliability.SCAN
     entries = tuple(
-        p.RegistryEntry(
-            **{
-                **{f: getattr(e, f) for f in e.__struct_fields__},
-                "payload": p.CpuKernelPayload(kernel_name),
-            }
-        )
+        msgspec.structs.replace(e, payload=p.CpuKernelPayload(kernel_name))
         if e.format is p.ArtifactFormat.CPU
         else e
         for e in document.registry.entries

@@ -29,21 +29,12 @@ from accy_async.backends.base import DEFAULT_STREAM_ID
 from accy_async.backends.recording import FaultKind
 from accy_async.errors import AccyError
 from accy_async.kernels import load_kernels
+from accy_async.testing import DEFAULT_FAULT_KINDS
 
 from .plans import geometry, planned, slots
 
 EXAMPLES = int(os.environ.get("ACCY_STATEFUL_EXAMPLES", "40"))
 RUNS = [0]
-FAULT_KINDS: tuple[FaultKind, ...] = (
-    "allocate",
-    "create",
-    "load",
-    "stream",
-    "event",
-    "launch",
-    "record",
-    "write",
-)
 
 
 class BackendModel(RuleBasedStateMachine):
@@ -141,7 +132,7 @@ class BackendModel(RuleBasedStateMachine):
         self._expect_fault(lambda: self.backend.write_buffer(buffer, b"\x01" * buffer.byte_size))
         self._expect_fault(lambda: self.backend.record_event(event))
 
-    @rule(kind=st.sampled_from(FAULT_KINDS))
+    @rule(kind=st.sampled_from(DEFAULT_FAULT_KINDS))
     def inject_fault(self, kind: FaultKind) -> None:
         """The next call of ``kind`` fails (once)."""
         backend = self.backend

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -31,11 +31,11 @@ import anyio.lowlevel
 import sniffio
 
 from .backends.base import Backend
-from .backends.recording import FAULT_KINDS, FaultKind, RecordingBackend
-from .errors import AccyError, InvalidArtifact, OutOfDeviceMemory, RuntimeUnavailable
+from .backends.recording import FAULT_KINDS, FaultKind, RecordingBackend, fault_error
 from .waiting import synchronize
 
 __all__ = [
+    "DEFAULT_FAULT_KINDS",
     "CancellationReport",
     "FaultReport",
     "SweepProblem",
@@ -56,12 +56,6 @@ DEFAULT_FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "read",
 )
 """The call kinds swept by default: every kind that creates, enqueues or moves data."""
-
-EXPECTED_ERRORS: Final[Mapping[FaultKind, type[AccyError]]] = {
-    "allocate": OutOfDeviceMemory,
-    "create": InvalidArtifact,
-}
-"""The error each kind's injected fault raises (others: :class:`RuntimeUnavailable`)."""
 
 Scenario = Callable[[Backend], Awaitable[Any]]
 CancelWay = Literal["scope", "timeout", "task"]
@@ -112,7 +106,7 @@ async def live_after_drain(backend: Backend) -> dict[int, str]:
 
 
 def _error_matches(kind: FaultKind, error: BaseException) -> bool:
-    expected = EXPECTED_ERRORS.get(kind, RuntimeUnavailable)
+    expected = fault_error(kind)
     if isinstance(error, BaseExceptionGroup):
         return all(_error_matches(kind, each) for each in error.exceptions)
     return isinstance(error, expected) and "injected fault" in str(error)
@@ -195,10 +189,6 @@ async def _fault_point(
             await backend.aclose()
 
 
-async def _running_tasks() -> int:
-    return len(anyio.get_running_tasks())
-
-
 async def cancellation_sweep(
     scenario: Scenario,
     backend: Backend,
@@ -219,7 +209,7 @@ async def cancellation_sweep(
         raise RuntimeError("way='task' needs asyncio")
     report = CancellationReport(scenario=name, way=way)
     baseline_objects = dict(backend.live_objects())
-    baseline_tasks = await _running_tasks()
+    baseline_tasks = len(anyio.get_running_tasks())
     for k in range(max_points):
         report.points += 1
         outcome, result = await _cancel_at(scenario, backend, way, k, report)
@@ -238,7 +228,7 @@ async def cancellation_sweep(
         if left:
             report.problems.append(SweepProblem(point, f"left alive: {left}"))
         await anyio.lowlevel.checkpoint()
-        tasks = await _running_tasks()
+        tasks = len(anyio.get_running_tasks())
         if tasks > baseline_tasks:
             report.problems.append(SweepProblem(point, f"{tasks - baseline_tasks} tasks left"))
         if outcome == "completed" and k > 0:

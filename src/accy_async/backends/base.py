@@ -140,10 +140,17 @@ class StreamHandle(DeviceObject):
 
 
 class EventHandle(DeviceObject):
-    """A marker recorded on a stream; complete once the work before it has finished."""
+    """A marker recorded on a stream; complete once the work before it has finished.
 
-    __slots__ = ()
+    ``timing`` events can be given to :meth:`Backend.elapsed_seconds`.
+    """
+
+    __slots__ = ("timing",)
     kind = "event"
+
+    def __init__(self, backend_id: int, object_id: int, native: Any, *, timing: bool) -> None:
+        super().__init__(backend_id, object_id, native)
+        self.timing = timing
 
 
 class LoadedArtifact(DeviceObject):
@@ -458,7 +465,6 @@ class Backend(abc.ABC):
         self._deferred_ready: deque[int] = deque()
         self._deferred_tokens = itertools.count()
         self._deferred_lock = threading.Lock()
-        self._timing_events: set[int] = set()
 
     # ----- what a backend is ---------------------------------------------------------------
 
@@ -722,10 +728,9 @@ class Backend(abc.ABC):
         """
         self._check_usable()
         object_id = next(self._ids)
-        event = EventHandle(self.backend_id, object_id, self._create_event(object_id, timing))
+        native = self._create_event(object_id, timing)
+        event = EventHandle(self.backend_id, object_id, native, timing=timing)
         self._live[object_id] = event
-        if timing:
-            self._timing_events.add(object_id)
         return event
 
     def elapsed_seconds(self, start: EventHandle, end: EventHandle) -> float:
@@ -739,7 +744,7 @@ class Backend(abc.ABC):
         self._check_usable()
         for event in (start, end):
             self._check_live(event)
-            if event.id not in self._timing_events:
+            if not event.timing:
                 raise UnsupportedOperation(f"{event!r} was created without timing")
             if not self._query_event(event):
                 raise UnsupportedOperation(f"{event!r} has not completed")
@@ -917,7 +922,6 @@ class Backend(abc.ABC):
         if obj.backend_id != self.backend_id or self._live.get(obj.id) is not obj:
             raise InvalidBuffer(f"{obj!r} is not a live object of this backend (destroyed twice?)")
         del self._live[obj.id]
-        self._timing_events.discard(obj.id)
         if isinstance(obj, BufferHandle):
             self._live_bytes -= obj.byte_size
             if obj.ownership is Ownership.EXTERNAL:

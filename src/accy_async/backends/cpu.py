@@ -87,8 +87,8 @@ class _CpuImage(NamedTuple):
 class _CpuEvent:
     """An event's records: ``recorded`` counts records, ``completed`` the last one run.
 
-    ``completed_at`` is when (``time.perf_counter()``) the last record ran on
-    its worker thread, for :meth:`CpuBackend.elapsed_seconds`.
+    ``completed_at`` is when (``time.perf_counter()``) the last record of a
+    timing event ran on its worker thread, for :meth:`CpuBackend.elapsed_seconds`.
     """
 
     __slots__ = ("completed", "completed_at", "condition", "recorded", "waiters")
@@ -354,12 +354,13 @@ class CpuBackend(Backend):
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         state: _CpuEvent = event.native
+        timing = event.timing
         with state.condition:
             state.recorded += 1
             target = state.recorded
 
         def complete() -> Callable[[], None] | None:
-            now = time.perf_counter()
+            now = time.perf_counter() if timing else 0.0
             with state.condition:
                 if target > state.completed:
                     state.completed = target

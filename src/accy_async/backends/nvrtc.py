@@ -86,11 +86,9 @@ def compile_source(
     compile.
     """
     key = _cache_key(source, name, options, compute_capability)
-    with _cache_lock:
-        cached = _cache.get(key)
-        if cached is not None:
-            _cache.move_to_end(key)
-            return cached
+    cached = _lookup(key)
+    if cached is not None:
+        return cached
     device_arch = compute_capability[0] * 10 + compute_capability[1]
     try:
         supported = _supported_architectures()
@@ -103,10 +101,7 @@ def compile_source(
     else:
         usable = [arch for arch in supported if arch <= device_arch] or supported[-1:]
         image = _compile(source, name, options, f"-arch=compute_{usable[-1]}", "ptx")
-    with _cache_lock:
-        _cache[key] = image
-        if len(_cache) > _CACHE_CAPACITY:
-            _cache.popitem(last=False)
+    _store(key, image)
     return image
 
 
@@ -114,8 +109,7 @@ def cached_image(
     source: str, name: str, options: Sequence[str], compute_capability: tuple[int, int]
 ) -> CompiledImage | None:
     """The image compiled earlier in this process for these arguments, if any."""
-    with _cache_lock:
-        return _cache.get(_cache_key(source, name, options, compute_capability))
+    return _lookup(_cache_key(source, name, options, compute_capability))
 
 
 def remember_image(
@@ -126,8 +120,20 @@ def remember_image(
     image: CompiledImage,
 ) -> None:
     """Keep an image compiled elsewhere (a worker process) in this process's cache."""
+    _store(_cache_key(source, name, options, compute_capability), image)
+
+
+def _lookup(key: str) -> CompiledImage | None:
     with _cache_lock:
-        _cache[_cache_key(source, name, options, compute_capability)] = image
+        cached = _cache.get(key)
+        if cached is not None:
+            _cache.move_to_end(key)
+        return cached
+
+
+def _store(key: str, image: CompiledImage) -> None:
+    with _cache_lock:
+        _cache[key] = image
         if len(_cache) > _CACHE_CAPACITY:
             _cache.popitem(last=False)
 

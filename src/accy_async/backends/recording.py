@@ -53,7 +53,7 @@ from .base import (
     StreamHandle,
 )
 
-__all__ = ["FaultKind", "RecordedLaunch", "RecordingBackend"]
+__all__ = ["FAULT_ERRORS", "FaultKind", "RecordedLaunch", "RecordingBackend", "fault_error"]
 
 FaultKind: TypeAlias = Literal[
     "allocate",
@@ -90,13 +90,20 @@ FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "destroy",
 )
 
-_DEFAULT_ERRORS: Final[Mapping[FaultKind, Callable[[str], AccyError]]] = {
+FAULT_ERRORS: Final[Mapping[FaultKind, type[AccyError]]] = {
     "allocate": OutOfDeviceMemory,
     "create": InvalidArtifact,
     "load": RuntimeUnavailable,
     "fill": UnsupportedOperation,
     "query": DeviceFault,
 }
+"""The error an injected fault of each kind raises by default (the others:
+:class:`RuntimeUnavailable`)."""
+
+
+def fault_error(kind: FaultKind) -> type[AccyError]:
+    """The error class an injected fault of ``kind`` raises by default."""
+    return FAULT_ERRORS.get(kind, RuntimeUnavailable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +257,7 @@ class RecordingBackend(Backend):
         """
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; expected one of {FAULT_KINDS}")
-        chosen = error or _DEFAULT_ERRORS.get(kind, RuntimeUnavailable)
+        chosen = error or fault_error(kind)
         self._faults[kind] = _Fault(after=after, error=chosen, repeat=repeat)
 
     def clear_faults(self) -> None:

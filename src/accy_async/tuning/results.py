@@ -95,6 +95,13 @@ class CandidateResult(Base, frozen=True):
     error: str = ""
 
 
+def _relative_precision(candidate: CandidateResult) -> float:
+    """Half-width of the candidate's median's ~95% interval, over the median."""
+    if candidate.samples == 0:
+        return 0.0
+    return _NOTCH * candidate.spread / math.sqrt(candidate.samples)
+
+
 class TuningResult(Base, frozen=True):
     """The outcome of tuning one problem on one device.
 
@@ -169,12 +176,13 @@ def choose_winner(candidates: Sequence[CandidateResult], tolerance: float) -> in
     """The candidate to use: the first, in declared order, within noise of the fastest.
 
     A candidate ties with the fastest when its median is within ``tolerance``
-    (relative) of it. Breaking ties by declared order rather than by the
-    noisy last digits of a median makes the choice repeatable across runs.
+    (relative) of it, or within the fastest's own precision if that is wider.
+    Breaking ties by declared order rather than by the noisy last digits of a
+    median makes the choice repeatable across runs.
     """
     measured = [each for each in candidates if each.status == "ok"]
     if not measured:
         return None
-    fastest = min(each.median_seconds for each in measured)
-    bound = fastest * (1.0 + tolerance)
+    fastest = min(measured, key=lambda each: each.median_seconds)
+    bound = fastest.median_seconds * (1.0 + max(tolerance, _relative_precision(fastest)))
     return min(each.index for each in measured if each.median_seconds <= bound)

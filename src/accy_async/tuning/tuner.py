@@ -152,7 +152,6 @@ class Tuner:
         )
         self._exit_stack = contextlib.AsyncExitStack()
         self._on_progress = on_progress
-        self._progress: dict[int, int] = {}
         self._runs: dict[str, _SharedRun] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
 
@@ -291,17 +290,12 @@ class Tuner:
             else CandidateResult(index=index, label=problem_label(problem, index), status="skipped")
             for index, each in enumerate(results)
         )
-        best = [each for each in final if each.status == "ok"]
-        tolerance = settings.tie_tolerance
-        if best:
-            fastest = min(best, key=lambda each: each.median_seconds)
-            tolerance = max(tolerance, fastest.spread * 1.57 / max(1, fastest.samples) ** 0.5)
         result = TuningResult(
             problem=problem.name,
             key=key,
             device=backend.identity,
             candidates=final,
-            winner=choose_winner(final, tolerance),
+            winner=choose_winner(final, settings.tie_tolerance),
             complete=all(each.status != "skipped" for each in final),
             wall_seconds=time.perf_counter() - started,
             setup_seconds=setup_seconds,
@@ -357,8 +351,8 @@ class Tuner:
                     index, subject, seconds, error = await receive.receive()
                     if subject is not None:
                         pending.remove(subject)
-                    results[index] = await self._measure_one(
-                        problem, index, subject, seconds, error, measure, deadline
+                    await self._measure_one(
+                        problem, index, subject, seconds, error, measure, deadline, results
                     )
                     if time.perf_counter() >= deadline:
                         group.cancel_scope.cancel()
@@ -382,8 +376,8 @@ class Tuner:
             if time.perf_counter() >= deadline:
                 return
             subject, seconds, error = await self._load(problem, index)
-            results[index] = await self._measure_one(
-                problem, index, subject, seconds, error, measure, deadline
+            await self._measure_one(
+                problem, index, subject, seconds, error, measure, deadline, results
             )
 
     async def _measure_one(
@@ -395,7 +389,9 @@ class Tuner:
         error: str,
         measure: _Measurement,
         deadline: float,
-    ) -> CandidateResult:
+        results: list[CandidateResult | None],
+    ) -> None:
+        """Measure one loaded candidate (or record why it is not), into ``results``."""
         label = problem_label(problem, index)
         if subject is None:
             result = CandidateResult(
@@ -418,12 +414,10 @@ class Tuner:
             finally:
                 with anyio.CancelScope(shield=True):
                     await subject.aclose(measure.stream)
+        results[index] = result
         if self._on_progress is not None:
-            self._progress[id(problem)] = finished = self._progress.get(id(problem), 0) + 1
-            self._on_progress(
-                TuningProgress(problem.name, result, finished, len(problem.candidates))
-            )
-        return result
+            finished = sum(each is not None for each in results)
+            self._on_progress(TuningProgress(problem.name, result, finished, len(results)))
 
 
 def problem_label(problem: TuningProblem, index: int) -> str:
