@@ -1,6 +1,6 @@
 """Which threads spend CPU while accy-async waits for 2 ms kernels (diagnostic).
 
-python benchmarks/thread_cpu.py ANTICIPATION_SECONDS
+python benchmarks/thread_cpu.py 1|0   (anticipation on or off)
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def thread_times() -> dict[str, float]:
     return result
 
 
-async def main(anticipation: float) -> None:
+async def main(anticipation: bool) -> None:
     rig = Rig()
     backend = CudaBackend(anticipation=anticipation)
     stream, event = backend.create_stream(), backend.create_event()
@@ -49,4 +49,4 @@ async def main(anticipation: float) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, float(sys.argv[1]))
+    anyio.run(main, sys.argv[1] != "0")

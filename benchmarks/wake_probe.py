@@ -6,6 +6,8 @@
    or trio's ``run_sync_soon``) when the loop is idle, and when it is busy? On
    a virtual machine an idle loop's vCPU halts, and waking it costs an
    inter-processor interrupt through the hypervisor.
+3. How late does a loop that wakes itself (its own timerfd, ``accy_async.alarms``)
+   resume after 100 us and 2 ms sleeps?
 
     python benchmarks/wake_probe.py
 """
@@ -190,6 +192,34 @@ def wake_probe(library: str, busy: bool, trials: int = 200) -> dict[str, Any]:
     }
 
 
+def alarm_probe(library: str, trials: int = 200) -> dict[str, Any]:
+    """How late a task resumes after an alarm of its loop's clock (``accy_async.alarms``).
+
+    The loop is idle meanwhile, so its vCPU halts; on Linux the loop's own
+    timerfd wakes it, with no second thread involved.
+    """
+    from accy_async.alarms import alarm_clock
+
+    async def body() -> dict[str, Any]:
+        clock = alarm_clock()
+        lateness: dict[str, list[float]] = {"100us": [], "2ms": []}
+        for index in range(trials):
+            label, delay = ("100us", 100e-6) if index % 2 else ("2ms", 2e-3)
+            when = time.perf_counter() + delay
+            await clock.sleep_until(when)
+            lateness[label].append((time.perf_counter() - when) * 1e6)
+        row: dict[str, Any] = {"library": library, "clock": type(clock).__name__}
+        for label, values in lateness.items():
+            values.sort()
+            row[f"{label}_median_us"] = round(statistics.median(values), 1)
+            row[f"{label}_p90_us"] = round(values[int(len(values) * 0.9)], 1)
+        return row
+
+    if library == "uvloop":
+        return anyio.run(body, backend="asyncio", backend_options={"use_uvloop": True})
+    return anyio.run(body, backend=library)
+
+
 def ten_thousand() -> dict[str, Any]:
     """Time parking 10,000 waiters behind a 2 s kernel."""
     from tests.kernels import spec
@@ -257,6 +287,7 @@ def main() -> None:
         for library in ("asyncio", "uvloop", "trio")
         for busy in (False, True)
     ]
+    results["alarm"] = [alarm_probe(library) for library in ("asyncio", "uvloop", "trio")]
     print(json.dumps(results, indent=2))
     paths = [argument for argument in sys.argv[1:] if not argument.startswith("--")]
     if paths:

@@ -10,7 +10,8 @@ import anyio
 import pytest
 
 import accy_async as accy
-from accy_async.waiting import CompletionLatch, wait_completion
+from accy_async.backends import Anticipation
+from accy_async.waiting import MAX_ANTICIPATED_WAITS, CompletionLatch, wait_completion
 
 from .kernels import GATE, load
 
@@ -197,25 +198,39 @@ async def test_synchronize_has_the_seeds_three_scopes(cpu_backend: accy.CpuBacke
 class AnticipatingRecording(accy.RecordingBackend):
     """A recording backend that predicts completions, to drive the anticipated wait."""
 
-    def __init__(self, window: tuple[float, float]) -> None:
+    def __init__(self, expected: Anticipation) -> None:
         super().__init__(completion="manual")
-        self.window = window
+        self.expected = expected
         self.queries = 0
+        self.callbacks = 0
 
-    def anticipate(self, event: accy.EventHandle) -> tuple[float, float] | None:
-        return self.window
+    def anticipate(self, event: accy.EventHandle) -> Anticipation | None:
+        return self.expected
 
     def _query_event(self, event: accy.EventHandle) -> bool:
         self.queries += 1
         return super()._query_event(event)
 
+    def _notify_when_complete(self, event: accy.EventHandle, callback: Any) -> Any:
+        self.callbacks += 1
+        return super()._notify_when_complete(event, callback)
 
-@pytest.mark.parametrize("finish_after", [0.01, 0.08])
-async def test_an_anticipated_wait_polls_in_its_window_then_falls_back(
-    finish_after: float,
+
+@pytest.mark.parametrize(
+    ("finish_after", "patience", "polled", "called_back"),
+    [
+        pytest.param(0.002, 1.0, False, False, id="early: seen by a look-in while asleep"),
+        pytest.param(0.06, 1.0, True, False, id="on time: seen by the loop's own polls"),
+        pytest.param(0.3, 0.05, True, True, id="late: the backend's callback after the window"),
+    ],
+)
+async def test_an_anticipated_wait_wakes_itself_polls_then_falls_back(
+    finish_after: float, patience: float, polled: bool, called_back: bool
 ) -> None:
     now = time.perf_counter()
-    backend = AnticipatingRecording((now + 0.005, now + 0.03))
+    # Due in 60 ms, asleep until then but for a look-in every 7.5 ms, then watched from the
+    # loop for `patience` (long, so a thread starved of the GIL by the polls cannot miss it).
+    backend = AnticipatingRecording(Anticipation(now + 0.06, 0.06, patience))
     event, stream = backend.create_event(), backend.create_stream()
     backend.record_event(event, stream)
 
@@ -229,6 +244,46 @@ async def test_an_anticipated_wait_polls_in_its_window_then_falls_back(
             await accy.wait_event(backend, event)
             finished_at = time.perf_counter()
     assert finished_at - now >= finish_after
-    assert backend.queries > 2  # it polled from the loop inside the window
+    if not polled:
+        assert finished_at - now < 0.05  # a look-in saw it, before the due time
+    assert (backend.queries > 20) is polled  # polled from the loop inside the window
+    assert bool(backend.callbacks) is called_back  # no other thread involved unless late
     backend.destroy_all([event, stream])
+    await backend.aclose()
+
+
+async def test_a_cancelled_anticipated_wait_leaves_nothing_behind() -> None:
+    now = time.perf_counter()
+    backend = AnticipatingRecording(Anticipation(now + 0.05, 0.05, 0.01))
+    event, stream = backend.create_event(), backend.create_stream()
+    backend.record_event(event, stream)
+    with anyio.move_on_after(0.02) as scope:
+        await accy.wait_event(backend, event)
+    assert scope.cancelled_caught
+    assert backend.callbacks == 0
+    backend.complete(event)
+    backend.destroy_all([event, stream])
+    await backend.aclose()
+
+
+async def test_only_a_few_waits_of_a_crowd_watch_for_themselves() -> None:
+    now = time.perf_counter()
+    backend = AnticipatingRecording(Anticipation(now + 0.03, 0.03, 1.0))
+    stream = backend.create_stream()
+    events = [backend.create_event() for _ in range(MAX_ANTICIPATED_WAITS + 24)]
+    for event in events:
+        backend.record_event(event, stream)
+
+    def finish() -> None:
+        time.sleep(0.05)
+        for event in events:
+            backend.complete(event)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, finish)
+            for event in events:
+                group.start_soon(accy.wait_event, backend, event)
+    assert backend.callbacks == 24  # the crowd beyond the limit waits to be called back
+    backend.destroy_all([*events, stream])
     await backend.aclose()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import threading
 import time
 import weakref
@@ -34,7 +33,9 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
+from .alarms import alarm_clock
 from .backends.base import (
+    Anticipation,
     Backend,
     CompletionCallback,
     CompletionRegistration,
@@ -74,118 +75,69 @@ async def wait_event(backend: Backend, event: EventHandle) -> None:
     """
     if backend.query_event(event):
         return
-    window = backend.anticipate(event)
-    if window is None:
-        await wait_completion(lambda callback: backend.notify_when_complete(event, callback))
-    else:
-        await _anticipated_wait(backend, event, window)
+    expected = backend.anticipate(event)
+    if expected is not None and _anticipating.count < MAX_ANTICIPATED_WAITS:
+        _anticipating.count += 1
+        try:
+            if await _anticipated_wait(backend, event, expected):
+                return
+        finally:
+            _anticipating.count -= 1
+    await wait_completion(lambda callback: backend.notify_when_complete(event, callback))
 
 
-async def _anticipated_wait(
-    backend: Backend, event: EventHandle, window: tuple[float, float]
-) -> None:
-    """Sleep until shortly before the predicted completion, then watch from this loop.
+MAX_ANTICIPATED_WAITS: Final = 16
+"""Most waits of one event loop that watch their events themselves; the rest are called back.
+
+Each such wait polls from the loop around its due time, so a crowd of them
+(thousands of tasks behind one kernel) would keep the loop spinning.
+"""
+
+
+class _Anticipating(threading.local):
+    count = 0
+
+
+_anticipating: Final = _Anticipating()
+
+
+_EARLY_CHECKS: Final = 8
+"""How many times a sleeping anticipated wait looks in, in case the work ends early."""
+
+_CHECK_BOUNDS: Final = (50e-6, 10e-3)
+"""The shortest and longest time between those looks, in seconds."""
+
+
+async def _anticipated_wait(backend: Backend, event: EventHandle, expected: Anticipation) -> bool:
+    """Watch ``event`` from this loop's thread around its predicted completion.
 
     Waking a sleeping event loop from another thread costs tens to hundreds of
-    microseconds on some machines (virtual ones above all); a loop that is
-    already awake and polls sees the completion within microseconds. So the
-    waiter asks the alarm clock to wake it at the start of ``window``, then
-    polls the event (yielding to other tasks between polls) until the window
-    ends, and only then falls back to the backend's completion callback, which
-    stays registered throughout.
+    microseconds on some machines (virtual ones above all); a loop that wakes
+    itself (:mod:`accy_async.alarms`) and then polls sees the completion
+    within microseconds. So the wait sleeps until the alarm clock's margin
+    before ``expected.due`` (looking in a few times on the way, in case the
+    work ends early), then polls the event, yielding to other tasks between
+    polls, until ``expected.patience`` past the due time. Returns whether the
+    event completed; if not, the caller falls back to the backend's callback.
+    Nothing is registered with the backend meanwhile, so no other thread runs.
     """
-    spin_from, spin_until = window
-    done = CompletionLatch()
-    registration = backend.notify_when_complete(event, done)
-    try:
-        if time.perf_counter() < spin_from and not done.done:
-            woken = CompletionLatch()
-            done.register(woken)
-            alarm = _alarm_clock().schedule(spin_from, woken)
-            try:
-                await woken.wait()
-            finally:
-                alarm.cancel()
-        while not done.done:
-            if backend.query_event(event):
-                registration.cancel()
-                return
-            if time.perf_counter() > spin_until:
-                break
-            await anyio.lowlevel.checkpoint()
-        await done.wait()
-    except BaseException:
-        registration.cancel()
-        raise
-
-
-class _AlarmClock:
-    """One thread that fires callbacks at ``time.perf_counter()`` instants.
-
-    Its timer slack is cut to a nanosecond (Linux), so it wakes within a few
-    microseconds of the time asked, unlike the event loops' millisecond timers.
-    """
-
-    def __init__(self) -> None:
-        self._condition = threading.Condition()
-        self._heap: list[tuple[float, int, _Alarm]] = []
-        self._sequence = 0
-        self._thread = threading.Thread(target=self._run, name="accy-alarm-clock", daemon=True)
-        self._thread.start()
-
-    def schedule(self, when: float, callback: CompletionCallback) -> _Alarm:
-        alarm = _Alarm(callback)
-        with self._condition:
-            self._sequence += 1
-            heapq.heappush(self._heap, (when, self._sequence, alarm))
-            self._condition.notify()
-        return alarm
-
-    def _run(self) -> None:
-        with contextlib.suppress(Exception):  # not Linux, or not allowed: coarser sleeps
-            import ctypes
-            import ctypes.util
-
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-            libc.prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
-        while True:
-            with self._condition:
-                while not self._heap:
-                    self._condition.wait()
-                when = self._heap[0][0]
-                delay = when - time.perf_counter()
-                if delay > 0:
-                    self._condition.wait(delay)
-                    continue
-                _, _, alarm = heapq.heappop(self._heap)
-            alarm.fire()
-
-
-class _Alarm:
-    __slots__ = ("_callback", "_cancelled")
-
-    def __init__(self, callback: CompletionCallback) -> None:
-        self._callback = callback
-        self._cancelled = False
-
-    def cancel(self) -> None:
-        self._cancelled = True
-
-    def fire(self) -> None:
-        if not self._cancelled:
-            self._callback(None)
-
-
-_alarm_clock_instance: _AlarmClock | None = None
-_alarm_clock_lock = threading.Lock()
-
-
-def _alarm_clock() -> _AlarmClock:
-    global _alarm_clock_instance
-    with _alarm_clock_lock:
-        if _alarm_clock_instance is None:
-            _alarm_clock_instance = _AlarmClock()
-        return _alarm_clock_instance
+    clock = alarm_clock()
+    query = backend.query_event
+    wake_at = expected.due - clock.margin
+    low, high = _CHECK_BOUNDS
+    look_every = min(max(expected.duration / _EARLY_CHECKS, low), high)
+    while (now := time.perf_counter()) < wake_at:
+        target = min(wake_at, now + look_every)
+        await clock.sleep_until(target)
+        clock.observe_lateness(time.perf_counter() - target)
+        if query(event):
+            return True
+    give_up_at = expected.due + expected.patience
+    while not query(event):
+        if time.perf_counter() > give_up_at:
+            return False
+        await anyio.lowlevel.checkpoint()
+    return True
 
 
 async def wait_stream(backend: Backend, stream: StreamHandle | None = None) -> None:

@@ -17,6 +17,7 @@ from ..errors import RuntimeUnavailable
 from .base import (
     DEFAULT_ALIGNMENT,
     Access,
+    Anticipation,
     Backend,
     BufferBinding,
     BufferHandle,
@@ -46,6 +47,7 @@ from .recording import FaultKind, RecordedLaunch, RecordingBackend
 __all__ = [
     "DEFAULT_ALIGNMENT",
     "Access",
+    "Anticipation",
     "Backend",
     "BackendKind",
     "BufferBinding",

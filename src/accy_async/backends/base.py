@@ -24,7 +24,7 @@ import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, TypeAlias
+from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias
 
 import anyio
 import msgspec
@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_ALIGNMENT",
     "DEFAULT_STREAM_ID",
     "Access",
+    "Anticipation",
     "Backend",
     "BufferBinding",
     "BufferHandle",
@@ -242,6 +243,17 @@ class CompletionRegistration(abc.ABC):
     @abc.abstractmethod
     def cancel(self) -> bool:
         """Withdraw the callback. ``True`` if it will not be called, ``False`` if it fired."""
+
+
+class Anticipation(NamedTuple):
+    """When a recorded event should complete: see :meth:`Backend.anticipate`."""
+
+    due: float
+    """The predicted completion, a :func:`time.perf_counter` instant."""
+    duration: float
+    """The predicted time from the record to its completion, in seconds."""
+    patience: float
+    """How long past ``due`` a waiter should keep watching before it asks for a callback."""
 
 
 class _AlreadyFired(CompletionRegistration):
@@ -888,12 +900,13 @@ class Backend(abc.ABC):
             self._raise_unusable()
         return self._notify_when_complete(event, callback)
 
-    def anticipate(self, event: EventHandle) -> tuple[float, float] | None:
-        """When ``event`` should complete, as a ``time.perf_counter()`` window, if known.
+    def anticipate(self, event: EventHandle) -> Anticipation | None:
+        """When ``event``'s latest record should complete, if the backend can tell.
 
-        :func:`accy_async.waiting.wait_event` watches the event from the event
-        loop's own thread inside this window instead of waiting to be woken
-        from another thread. ``None`` (the default) means no prediction.
+        :func:`accy_async.waiting.wait_event` then wakes shortly before
+        ``due`` and watches the event from the event loop's own thread instead
+        of waiting to be woken from another thread. ``None`` (the default)
+        means no prediction.
         """
         del event
         return None

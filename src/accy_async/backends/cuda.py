@@ -40,6 +40,7 @@ from ..plan import ArtifactFormat, ArtifactSpec, BinaryPayload, ScalarArgument, 
 from .base import (
     ALREADY_FIRED,
     DEFAULT_STREAM_ID,
+    Anticipation,
     Backend,
     BufferBinding,
     BufferHandle,
@@ -59,6 +60,7 @@ from .base import (
 from .compile_pool import CompilePool, shared_compile_pool
 from .cuda_driver import driver, probe_cuda, translate
 from .cuda_reactor import CompletionReactor
+from .forecast import CompletionForecast
 from .nvrtc import compile_source, nvrtc_version
 
 __all__ = ["CudaBackend", "probe_cuda"]
@@ -226,13 +228,12 @@ class CudaBackend(Backend):
         device: int = 0,
         limits: Limits | None = None,
         poll_interval: float = 50e-6,
-        anticipation: float = 250e-6,
+        anticipation: bool = True,
     ) -> None:
         super().__init__(limits=limits)
         self._anticipation = anticipation
         self._compile_pool: CompilePool | None = None
-        self._recorded_at: dict[int, tuple[int, float]] = {}
-        self._expected: dict[int, float] = {}
+        self._forecast = CompletionForecast()
         d = driver()
         self._check(d.cuInit(0), "initialising the driver")
         self._device = self._value(d.cuDeviceGet(device), f"opening device {device}")
@@ -563,34 +564,15 @@ class CudaBackend(Backend):
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         self._check(driver().cuEventRecord(event.native, stream.native), "recording an event")
         self._event_streams[event.id] = stream.native
-        self._recorded_at[event.id] = (int(stream.native), time.perf_counter())
+        self._forecast.recorded(event.id, int(stream.native), time.perf_counter())
 
-    def _learn(self, event_id: int) -> None:
-        """Fold how long a record took to complete into its stream's expectation."""
-        recorded = self._recorded_at.pop(event_id, None)
-        if recorded is None:
-            return
-        key, at = recorded
-        sample = time.perf_counter() - at
-        expected = self._expected.get(key)
-        self._expected[key] = sample if expected is None else expected + (sample - expected) / 4
+    def anticipate(self, event: EventHandle) -> Anticipation | None:
+        """The record's time plus the duration its stream's recent records took.
 
-    def anticipate(self, event: EventHandle) -> tuple[float, float] | None:
-        """The window around the record's time plus its stream's recent record-to-done time.
-
-        Learned per stream from the waits that completed before (an
-        exponentially weighted mean); ``anticipation`` seconds either side.
+        See :mod:`accy_async.backends.forecast`; ``None`` until a completion on
+        the stream was seen, or with ``anticipation=False``.
         """
-        if not self._anticipation:
-            return None
-        recorded = self._recorded_at.get(event.id)
-        if recorded is None:
-            return None
-        expected = self._expected.get(recorded[0])
-        if expected is None:
-            return None
-        due = recorded[1] + expected
-        return due - self._anticipation, due + self._anticipation
+        return self._forecast.anticipate(event.id) if self._anticipation else None
 
     def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
         self._check(
@@ -631,9 +613,10 @@ class CudaBackend(Backend):
     def _query_event(self, event: EventHandle) -> bool:
         (result,) = driver().cuEventQuery(event.native)
         if result == self._success:
-            self._learn(event.id)
+            self._forecast.completed_seen(event.id, time.perf_counter())
             return True
         if result == self._not_ready:
+            self._forecast.pending_seen(event.id, time.perf_counter())
             return False
         self._raise(result, "querying an event")
         return False
@@ -655,10 +638,12 @@ class CudaBackend(Backend):
             callback(None)
             return ALREADY_FIRED
         event_id = event.id
+        forecast = self._forecast
+        record = forecast.record_of(event_id)
 
         def learn_then_call(error: BaseException | None) -> None:
             if error is None:
-                self._learn(event_id)
+                forecast.completed_seen(event_id, time.perf_counter(), record)
             callback(error)
 
         return self._reactor.watch(event.native, stream, learn_then_call)
@@ -685,9 +670,10 @@ class CudaBackend(Backend):
         elif isinstance(obj, EventHandle):
             # Safe while the event is pending: the driver releases it once it completes.
             self._event_streams.pop(obj.id, None)
-            self._recorded_at.pop(obj.id, None)
+            self._forecast.forget(obj.id)
             d.cuEventDestroy(obj.native)
         elif isinstance(obj, StreamHandle):
+            self._forecast.forget_stream(int(obj.native))
             d.cuStreamDestroy(obj.native)
 
     async def _drain(self) -> None:
