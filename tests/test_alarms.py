@@ -132,3 +132,14 @@ def test_a_trio_runs_timerfd_is_closed_when_the_run_ends() -> None:
     fd = anyio.run(open_clock, backend="trio")
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+def test_a_missed_sleep_shrinks_the_margin_so_it_can_recover() -> None:
+    clock = alarms._ThreadClock.__new__(alarms._ThreadClock)
+    alarms.AlarmClock.__init__(clock)
+    for _ in range(50):
+        clock.observe_lateness(500e-6)  # a burst of late wake-ups
+    high = clock.margin
+    for _ in range(100):
+        clock.missed_a_sleep()  # waits too short to sleep in: no samples, yet it comes down
+    assert clock.margin < high / 10

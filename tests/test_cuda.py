@@ -17,6 +17,7 @@ import pytest
 import accy_async as accy
 from accy_async import library
 from accy_async import plan as p
+from accy_async.backends.cuda import CudaBackend
 from accy_async.pipeline import PipelineLaunch, launch_pipeline
 
 from .conftest import needs_gpu
@@ -158,6 +159,54 @@ async def test_ten_thousand_concurrent_waits_keep_the_loop_free(cuda: accy.Backe
     assert completed == 10_000
     assert worst < 0.010, f"worst heartbeat lag {worst * 1e3:.1f} ms"
     cuda.destroy_all([slow, buffer, *streams, *events])
+
+
+async def test_anticipated_waits_learn_the_duration_and_leave_nothing_behind(
+    cuda: accy.Backend,
+) -> None:
+    assert isinstance(cuda, CudaBackend)
+    slow = await cuda.load_artifact(await cuda.create_artifact(spec(cuda, "slow_fill_f32")))
+    buffer = cuda.allocate_buffer(64)
+    stream, event = cuda.create_stream(), cuda.create_event()
+
+    def launch(nanoseconds: int) -> None:
+        cuda.launch(
+            slow,
+            [buffer.bind()],
+            [p.U32(1), p.F32(1), p.U64(nanoseconds)],
+            (1, 1, 1),
+            (1, 1, 1),
+            stream=stream,
+        )
+
+    for _ in range(10):
+        launch(2_000_000)
+        cuda.record_event(event, stream)
+        await accy.wait_event(cuda, event)
+        assert cuda.query_event(event)
+    launch(2_000_000)
+    cuda.record_event(event, stream)
+    expected = cuda.anticipate(event)
+    assert expected is not None and 1.5e-3 < expected.duration < 4e-3, expected
+    await accy.wait_event(cuda, event)
+    for _ in range(10):  # stream waits (what launch_pipeline awaits) are anticipated too
+        launch(2_000_000)
+        await accy.wait_stream(cuda, stream)
+        assert cuda.query_stream(stream)
+    mark = cuda.mark_stream(stream)
+    assert mark is not None and mark.query()
+    mark.release()
+
+    pool = len(cuda._marker_pool)
+    launch(100_000_000)
+    with anyio.move_on_after(0.02) as scope:  # cancelled while pending: the marker is not lost
+        await accy.wait_stream(cuda, stream)
+    assert scope.cancelled_caught
+    await accy.wait_stream(cuda, stream)
+    with anyio.fail_after(5):
+        while any(cuda._reactor._pending.values()) or len(cuda._marker_pool) < pool:  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # the reactor's thread recycles the marker
+    cuda.destroy_all([slow, buffer, stream, event])
 
 
 FAULT_SCRIPT = textwrap.dedent("""

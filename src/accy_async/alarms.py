@@ -63,8 +63,8 @@ class AlarmClock(ABC):
 
     def __init__(self) -> None:
         # A smoothed mean and mean deviation of the lateness, as TCP smooths round trips.
-        self._late_mean = 50e-6
-        self._late_deviation = 25e-6
+        self._late_mean = 20e-6
+        self._late_deviation = 10e-6
 
     @abstractmethod
     def schedule(self, when: float, callback: Callback) -> Alarm:
@@ -85,11 +85,20 @@ class AlarmClock(ABC):
         return min(max(self._late_mean + 3 * self._late_deviation, 5e-6), 1e-3)
 
     def observe_lateness(self, seconds: float) -> None:
-        """Fold in how late a task resumed after an alarm it asked for."""
+        """Fold in how late a task resumed after a short sleep it asked for."""
         sample = min(max(seconds, 0.0), _LATENESS_LIMIT)
         error = sample - self._late_mean
         self._late_mean += error / 8
         self._late_deviation += (abs(error) - self._late_deviation) / 4
+
+    def missed_a_sleep(self) -> None:
+        """A wait found no time to sleep within the margin: shrink the margin a little.
+
+        Without samples the margin would never come down again after a burst
+        of late wake-ups, and short waits would poll all the time.
+        """
+        self._late_mean *= 0.97
+        self._late_deviation *= 0.97
 
 
 # ----- the timerfd clocks -----------------------------------------------------------------

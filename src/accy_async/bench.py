@@ -507,10 +507,27 @@ async def _trials(
     }
 
 
+async def _heartbeat_alone(seconds: float) -> dict[str, Any]:
+    """The heartbeat's worst lag on a loop doing nothing else: what the machine itself adds."""
+    heartbeat = Heartbeat()
+    with anyio.move_on_after(seconds):
+        await heartbeat.run()
+    return {
+        "median_us": None,
+        "p90_us": None,
+        "worst_heartbeat_lag_ms": heartbeat.worst * 1e3,
+        "cpu_cores": None,
+    }
+
+
 async def latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
     """Each way of waiting, on the event loop library running this coroutine."""
     d = driver()
-    rows: dict[str, Any] = {}
+    rows: dict[str, Any] = {
+        f"nothing: the heartbeat alone, as long as the trials ({library})": (
+            await _heartbeat_alone(min(trials * (spin_ns * 1e-9 + 1.5e-3), 2.0))
+        )
+    }
     event = _ok(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event")
     not_ready = d.CUresult.CUDA_ERROR_NOT_READY
 
@@ -583,7 +600,7 @@ async def latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dic
 
 async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
     from .backends.cuda import CudaBackend
-    from .waiting import wait_event
+    from .waiting import wait_event, wait_stream
 
     rows: dict[str, Any] = {}
     reactors: tuple[tuple[str, float, bool], ...] = (
@@ -607,6 +624,17 @@ async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[
             rows[f"accy wait_event, {label} ({library})"] = await _trials(
                 rig, spin_ns, trials, accy_wait
             )
+            if anticipation:
+
+                async def accy_stream_wait(
+                    backend: CudaBackend = backend, stream: Any = stream
+                ) -> None:
+                    rig.launch_spin(spin_ns, stream.native)
+                    await wait_stream(backend, stream)
+
+                rows[
+                    f"accy wait_stream (what launch_pipeline awaits), {label} ({library})"
+                ] = await _trials(rig, spin_ns, trials, accy_stream_wait)
             backend.destroy_all([event, stream])
         finally:
             await backend.aclose()
@@ -734,6 +762,9 @@ def markdown(result: dict[str, Any]) -> str:
             "|---|---|---|---|---|",
         ]
         for name, row in rows.items():
+            if row["median_us"] is None:
+                lines.append(f"| {name} | | | {row['worst_heartbeat_lag_ms']:.2f} | |")
+                continue
             lines.append(
                 f"| {name} | {row['median_us']:.1f} | {row['p90_us']:.1f} | "
                 f"{row['worst_heartbeat_lag_ms']:.2f} | {row['cpu_cores']:.2f} |"

@@ -27,6 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Final
 
 import anyio
@@ -75,15 +76,25 @@ async def wait_event(backend: Backend, event: EventHandle) -> None:
     """
     if backend.query_event(event):
         return
-    expected = backend.anticipate(event)
+    await _wait_pending(
+        partial(backend.query_event, event),
+        backend.anticipate(event),
+        partial(backend.notify_when_complete, event),
+    )
+
+
+async def _wait_pending(
+    query: Callable[[], bool], expected: Anticipation | None, register: Register
+) -> None:
+    """Wait for a pending completion: watched if predicted (and few are), else called back."""
     if expected is not None and _anticipating.count < MAX_ANTICIPATED_WAITS:
         _anticipating.count += 1
         try:
-            if await _anticipated_wait(backend, event, expected):
+            if await _anticipated_wait(query, expected):
                 return
         finally:
             _anticipating.count -= 1
-    await wait_completion(lambda callback: backend.notify_when_complete(event, callback))
+    await wait_completion(register)
 
 
 MAX_ANTICIPATED_WAITS: Final = 16
@@ -101,39 +112,50 @@ class _Anticipating(threading.local):
 _anticipating: Final = _Anticipating()
 
 
-_EARLY_CHECKS: Final = 8
+_EARLY_CHECKS: Final = 4
 """How many times a sleeping anticipated wait looks in, in case the work ends early."""
 
 _CHECK_BOUNDS: Final = (50e-6, 10e-3)
 """The shortest and longest time between those looks, in seconds."""
 
+_APPROACH: Final = 150e-6
+"""The length of the last sleep before the watch: short sleeps land on time, long ones late."""
 
-async def _anticipated_wait(backend: Backend, event: EventHandle, expected: Anticipation) -> bool:
-    """Watch ``event`` from this loop's thread around its predicted completion.
+
+async def _anticipated_wait(query: Callable[[], bool], expected: Anticipation) -> bool:
+    """Watch for a completion (``query``) from this loop's thread around its due time.
 
     Waking a sleeping event loop from another thread costs tens to hundreds of
     microseconds on some machines (virtual ones above all); a loop that wakes
     itself (:mod:`accy_async.alarms`) and then polls sees the completion
     within microseconds. So the wait sleeps until the alarm clock's margin
     before ``expected.due`` (looking in a few times on the way, in case the
-    work ends early), then polls the event, yielding to other tasks between
-    polls, until ``expected.patience`` past the due time. Returns whether the
-    event completed; if not, the caller falls back to the backend's callback.
-    Nothing is registered with the backend meanwhile, so no other thread runs.
+    work ends early, and arriving through one short sleep, which lands on time
+    more reliably than a long one), then polls the event, yielding to other
+    tasks between polls, until ``expected.patience`` past the due time.
+    Returns whether the event completed; if not, the caller falls back to the
+    backend's callback. Nothing is registered with the backend meanwhile, so
+    no other thread runs.
     """
     clock = alarm_clock()
-    query = backend.query_event
     wake_at = expected.due - clock.margin
     low, high = _CHECK_BOUNDS
     look_every = min(max(expected.duration / _EARLY_CHECKS, low), high)
-    while (now := time.perf_counter()) < wake_at:
-        target = min(wake_at, now + look_every)
-        await clock.sleep_until(target)
-        clock.observe_lateness(time.perf_counter() - target)
-        if query(event):
+    now = time.perf_counter()
+    if now >= wake_at:
+        clock.missed_a_sleep()
+    while now < wake_at:
+        if wake_at - now <= _APPROACH:
+            await clock.sleep_until(wake_at)
+            now = time.perf_counter()
+            clock.observe_lateness(now - wake_at)
+        else:
+            await clock.sleep_until(min(now + look_every, wake_at - _APPROACH))
+            now = time.perf_counter()
+        if query():
             return True
     give_up_at = expected.due + expected.patience
-    while not query(event):
+    while not query():
         if time.perf_counter() > give_up_at:
             return False
         await anyio.lowlevel.checkpoint()
@@ -141,8 +163,20 @@ async def _anticipated_wait(backend: Backend, event: EventHandle, expected: Anti
 
 
 async def wait_stream(backend: Backend, stream: StreamHandle | None = None) -> None:
-    """Return once all work enqueued on ``stream`` (default: the default stream) has completed."""
-    await wait_completion(lambda callback: backend.notify_when_stream_complete(stream, callback))
+    """Return once all work enqueued on ``stream`` (default: the default stream) has completed.
+
+    Work enqueued after the call is not waited for. Where the backend offers a
+    stream mark (CUDA), the wait is anticipated as :func:`wait_event`'s is.
+    """
+    mark = backend.mark_stream(stream)
+    if mark is None:
+        await wait_completion(partial(backend.notify_when_stream_complete, stream))
+        return
+    try:
+        if not mark.query():
+            await _wait_pending(mark.query, mark.anticipate(), mark.notify_when_complete)
+    finally:
+        mark.release()
 
 
 async def wait_read(pending: PendingRead) -> memoryview:

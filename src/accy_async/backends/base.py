@@ -63,6 +63,7 @@ __all__ = [
     "PendingRead",
     "StageLauncher",
     "StreamHandle",
+    "StreamMark",
 ]
 
 DEFAULT_ALIGNMENT: Final = 256
@@ -254,6 +255,32 @@ class Anticipation(NamedTuple):
     """The predicted time from the record to its completion, in seconds."""
     patience: float
     """How long past ``due`` a waiter should keep watching before it asks for a callback."""
+
+
+class StreamMark(abc.ABC):
+    """The work a stream had when it was marked (:meth:`Backend.mark_stream`).
+
+    Use it from the event loop's thread, then :meth:`release` it exactly once,
+    whether the wait completed, failed or was cancelled.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """Whether that work has completed; never blocks; raises the backend's fault."""
+
+    @abc.abstractmethod
+    def anticipate(self) -> Anticipation | None:
+        """When it should complete, as :meth:`Backend.anticipate` tells for events."""
+
+    @abc.abstractmethod
+    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
+        """Call ``callback`` (from any thread) once it completes or cannot."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Give the mark back to the backend."""
 
 
 class _AlreadyFired(CompletionRegistration):
@@ -922,6 +949,18 @@ class Backend(abc.ABC):
         if self._unusable is not None:
             self._raise_unusable()
         return self._notify_when_stream_complete(self._stream(stream), callback)
+
+    def mark_stream(self, stream: StreamHandle | None) -> StreamMark | None:
+        """The work enqueued on ``stream`` so far, as a point a waiter can watch itself.
+
+        :func:`accy_async.waiting.wait_stream` uses it, where a backend offers
+        one, to wait as :func:`~accy_async.waiting.wait_event` does; ``None``
+        (the default) means waiters use :meth:`notify_when_stream_complete`.
+        Uses no object the caller can see; give it back with
+        :meth:`StreamMark.release`.
+        """
+        del stream
+        return None
 
     # ----- destruction ---------------------------------------------------------------------
 

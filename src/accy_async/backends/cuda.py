@@ -56,6 +56,7 @@ from .base import (
     PendingRead,
     StageLauncher,
     StreamHandle,
+    StreamMark,
 )
 from .compile_pool import CompilePool, shared_compile_pool
 from .cuda_driver import driver, probe_cuda, translate
@@ -215,6 +216,80 @@ class _CudaRead(PendingRead):
         if not self._done:
             self._done = True
             self._backend._staging.give_back(self._host, self._capacity)
+
+
+class _CudaStreamMark(StreamMark):
+    """A pooled marker event recorded on a stream; the forecast knows it by a negative id."""
+
+    __slots__ = ("_backend", "_done", "_id", "_marker", "_stream", "_watched")
+
+    def __init__(self, backend: CudaBackend, stream: StreamHandle) -> None:
+        marker = backend._marker()
+        result = driver().cuEventRecord(marker, stream.native)
+        if int(result[0]):
+            backend._recycle_marker(marker)
+            backend._raise(result[0], "recording a marker")
+        self._backend = backend
+        self._marker = marker
+        self._stream = stream.native
+        self._id = -int(marker)
+        self._done = False
+        self._watched = False
+        backend._forecast.recorded(self._id, int(stream.native), time.perf_counter())
+
+    def query(self) -> bool:
+        backend = self._backend
+        if backend._unusable is not None:
+            backend._raise_unusable()
+        (result,) = driver().cuEventQuery(self._marker)
+        if result == backend._success:
+            self._done = True
+            backend._forecast.completed_seen(self._id, time.perf_counter())
+            return True
+        if result == backend._not_ready:
+            backend._forecast.pending_seen(self._id, time.perf_counter())
+            return False
+        backend._raise(result, "querying a stream")
+        return False
+
+    def anticipate(self) -> Anticipation | None:
+        backend = self._backend
+        return backend._forecast.anticipate(self._id) if backend._anticipation else None
+
+    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
+        backend = self._backend
+        forecast, marker_id = backend._forecast, self._id
+        record = forecast.record_of(marker_id)
+
+        def learn_then_call(error: BaseException | None) -> None:
+            if error is None:
+                forecast.completed_seen(marker_id, time.perf_counter(), record)
+            callback(error)
+
+        self._watched = True
+        return backend._reactor.watch(
+            self._marker,
+            self._stream,
+            learn_then_call,
+            on_done=lambda: backend._recycle_marker(self._marker),
+        )
+
+    def release(self) -> None:
+        backend = self._backend
+        backend._forecast.forget(self._id)
+        if self._watched or backend.closed:
+            return  # the reactor recycles it once it completes; or the context took it
+        if self._done:
+            backend._recycle_marker(self._marker)
+            return
+        # Cancelled while pending: recycle the marker once the device is past it (at once
+        # after a fault: the reactor fails every watch then).
+        backend._reactor.watch(
+            self._marker,
+            self._stream,
+            lambda error: None,
+            on_done=lambda: backend._recycle_marker(self._marker),
+        )
 
 
 class CudaBackend(Backend):
@@ -647,6 +722,12 @@ class CudaBackend(Backend):
             callback(error)
 
         return self._reactor.watch(event.native, stream, learn_then_call)
+
+    def mark_stream(self, stream: StreamHandle | None) -> StreamMark | None:
+        """A pooled marker recorded on ``stream``, watched like an event (anticipated too)."""
+        if self._unusable is not None:
+            self._raise_unusable()
+        return _CudaStreamMark(self, self._stream(stream))
 
     def _notify_when_stream_complete(
         self, stream: StreamHandle, callback: CompletionCallback
