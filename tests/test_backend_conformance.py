@@ -14,6 +14,7 @@ import pytest
 
 import accy_async as accy
 from accy_async.backends import Backend
+from accy_async.waiting import CompletionLatch
 
 from .conftest import EXECUTING_BACKEND_PARAMS
 from .kernels import grid_for, load, spec
@@ -212,7 +213,14 @@ async def test_the_default_stream_cannot_be_destroyed(backend: Backend) -> None:
 async def test_completion_callbacks_fire_once_and_can_be_withdrawn(backend: Backend) -> None:
     stream = backend.create_stream()
     fired: list[BaseException | None] = []
-    registration = backend.notify_when_stream_complete(stream, fired.append)
+    done = CompletionLatch()
+
+    def callback(error: BaseException | None) -> None:
+        fired.append(error)
+        done(error)
+
+    registration = backend.notify_when_stream_complete(stream, callback)
+    await done.wait()
     await accy.wait_stream(backend, stream)
     assert fired == [None]
     assert registration.cancel() is False
