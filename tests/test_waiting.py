@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import time
 from typing import Any
@@ -202,6 +203,7 @@ class AnticipatingRecording(accy.RecordingBackend):
         super().__init__(completion="manual")
         self.expected = expected
         self.queries = 0
+        self.queries_of: collections.Counter[int] = collections.Counter()
         self.callbacks = 0
 
     def anticipate(self, event: accy.EventHandle) -> Anticipation | None:
@@ -209,6 +211,7 @@ class AnticipatingRecording(accy.RecordingBackend):
 
     def _query_event(self, event: accy.EventHandle) -> bool:
         self.queries += 1
+        self.queries_of[event.id] += 1
         return super()._query_event(event)
 
     def _notify_when_complete(self, event: accy.EventHandle, callback: Any) -> Any:
@@ -284,6 +287,8 @@ async def test_only_a_few_waits_of_a_crowd_watch_for_themselves() -> None:
             group.start_soon(anyio.to_thread.run_sync, finish)
             for event in events:
                 group.start_soon(accy.wait_event, backend, event)
-    assert backend.callbacks == 24  # the crowd beyond the limit waits to be called back
+    watched = [event_id for event_id, count in backend.queries_of.items() if count > 1]
+    assert len(watched) == MAX_ANTICIPATED_WAITS  # only so many polled for themselves
+    assert backend.callbacks >= 24  # the crowd beyond the limit waited to be called back
     backend.destroy_all([*events, stream])
     await backend.aclose()
