@@ -184,6 +184,47 @@ class _CpuRead(PendingRead):
         self._data = None
 
 
+class _ReadJob:
+    """A queued device-to-host copy (one object: a thousand may wait in a queue)."""
+
+    __slots__ = ("_backend", "_offset", "_read", "_size", "_source")
+
+    def __init__(
+        self,
+        backend: CpuBackend,
+        read: _CpuRead,
+        source: np.ndarray[Any, np.dtype[np.uint8]],
+        offset: int,
+        size: int,
+    ) -> None:
+        self._backend = backend
+        self._read = read
+        self._source = source
+        self._offset = offset
+        self._size = size
+
+    def __call__(self) -> Callable[[], None]:
+        read, fault = self._read, self._backend._fault
+        if fault is not None:
+            return lambda: read.finish(None, fault)
+        data = memoryview(self._source[self._offset : self._offset + self._size].tobytes())
+        return lambda: read.finish(data, None)
+
+
+class _StreamMarkJob:
+    """A queued point in a stream that fires a completion once the work before it ran."""
+
+    __slots__ = ("_backend", "_registration")
+
+    def __init__(self, backend: CpuBackend, registration: _Completion) -> None:
+        self._backend = backend
+        self._registration = registration
+
+    def __call__(self) -> Callable[[], None]:
+        registration, error = self._registration, self._backend._fault
+        return lambda: registration.fire(error)
+
+
 def _machine_id() -> str:
     """``/etc/machine-id`` where there is one, else the host name."""
     try:
@@ -290,16 +331,7 @@ class CpuBackend(Backend):
         self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
     ) -> PendingRead:
         read = _CpuRead()
-        source: np.ndarray[Any, np.dtype[np.uint8]] = buffer.native
-
-        def copy() -> Callable[[], None]:
-            if self._fault is not None:
-                fault = self._fault
-                return lambda: read.finish(None, fault)
-            data = memoryview(source[offset : offset + size].tobytes())
-            return lambda: read.finish(data, None)
-
-        self._worker(stream).put(copy)
+        self._worker(stream).put(_ReadJob(self, read, buffer.native, offset, size))
         return read
 
     def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None:
@@ -457,12 +489,7 @@ class CpuBackend(Backend):
         self, stream: StreamHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
         registration = _Completion(callback)
-
-        def mark() -> Callable[[], None]:
-            error = self._fault
-            return lambda: registration.fire(error)
-
-        self._worker(stream).put(mark)
+        self._worker(stream).put(_StreamMarkJob(self, registration))
         return registration
 
     def _destroy(self, obj: DeviceObject) -> None:
