@@ -209,6 +209,44 @@ async def test_anticipated_waits_learn_the_duration_and_leave_nothing_behind(
     cuda.destroy_all([slow, buffer, stream, event])
 
 
+async def test_reads_are_anticipated_and_a_cancelled_one_keeps_its_staging_until_it_lands(
+    cuda: accy.Backend,
+) -> None:
+    slow = await cuda.load_artifact(await cuda.create_artifact(spec(cuda, "slow_fill_f32")))
+    n = 1024
+    source, target = cuda.allocate_buffer(4 * n), cuda.allocate_buffer(4 * n)
+    stream = cuda.create_stream()
+
+    def fill(value: float, nanoseconds: int) -> None:
+        grid, block = grid_for(n)
+        cuda.launch(
+            slow,
+            [source.bind()],
+            [p.U32(n), p.F32(value), p.U64(nanoseconds)],
+            grid,
+            block,
+            stream=stream,
+        )
+
+    for repeat in range(10):  # the stream's duration is learned; the reads come back right
+        fill(float(repeat), 1_000_000)
+        got = await accy.download(cuda, source, np.float32, n, stream=stream)
+        np.testing.assert_array_equal(got, np.full(n, repeat, np.float32))
+
+    fill(7.0, 100_000_000)  # 100 ms, then a read of sevens nobody waits for
+    read = cuda.enqueue_read(source, byte_size=4 * n, stream=stream)
+    with anyio.move_on_after(0.01) as scope:
+        await accy.wait_read(read)
+    assert scope.cancelled_caught
+    # An upload of the same size behind it on the stream: had the cancelled read's staging
+    # block gone back at once, the upload would copy the sevens landing there instead.
+    values = np.arange(n, dtype=np.float32)
+    cuda.write_buffer(target, values.view(np.uint8).data, stream=stream)
+    got = await accy.download(cuda, target, np.float32, n, stream=stream)
+    np.testing.assert_array_equal(got, values)
+    cuda.destroy_all([slow, source, target, stream])
+
+
 FAULT_SCRIPT = textwrap.dedent("""
     import anyio, sys, time
     sys.path.insert(0, {root!r})

@@ -607,7 +607,7 @@ async def latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dic
 
 async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
     from .backends.cuda import CudaBackend
-    from .waiting import wait_event, wait_stream
+    from .waiting import wait_event, wait_read, wait_stream
 
     rows: dict[str, Any] = {}
     reactors: tuple[tuple[str, float, bool], ...] = (
@@ -642,6 +642,18 @@ async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[
                 rows[
                     f"accy wait_stream (what launch_pipeline awaits), {label} ({library})"
                 ] = await _trials(rig, spin_ns, trials, accy_stream_wait)
+                small = backend.allocate_buffer(256)
+
+                async def accy_read(
+                    backend: CudaBackend = backend, stream: Any = stream, small: Any = small
+                ) -> None:
+                    rig.launch_spin(spin_ns, stream.native)
+                    await wait_read(backend.enqueue_read(small, byte_size=4, stream=stream))
+
+                rows[
+                    f"accy wait_read of 4 bytes after the kernel, {label} ({library})"
+                ] = await _trials(rig, spin_ns, trials, accy_read)
+                backend.destroy(small)
             backend.destroy_all([event, stream])
         finally:
             await backend.aclose()

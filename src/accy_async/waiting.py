@@ -195,7 +195,11 @@ async def wait_read(pending: PendingRead) -> memoryview:
     If the wait is cancelled or fails, the read is discarded.
     """
     try:
-        await wait_completion(pending.notify_when_complete)
+        mark = pending.stream_mark()
+        if mark is None:
+            await wait_completion(pending.notify_when_complete)
+        elif not mark.query():
+            await _wait_pending(mark.query, mark.anticipate(), pending.notify_when_complete)
     except BaseException:
         pending.discard()
         raise

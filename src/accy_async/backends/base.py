@@ -372,6 +372,14 @@ class PendingRead(abc.ABC):
     def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
         """Call ``callback`` once the copy has landed (or cannot)."""
 
+    def stream_mark(self) -> StreamMark | None:
+        """The point in the stream where the copy has landed, if the backend has one.
+
+        :func:`accy_async.waiting.wait_read` watches it as it watches stream
+        marks; the read owns it (do not release it). ``None`` by default.
+        """
+        return None
+
     @abc.abstractmethod
     def result(self) -> memoryview:
         """The bytes read; call only after completion."""

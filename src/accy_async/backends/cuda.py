@@ -190,22 +190,37 @@ class _Janitor:
 
 
 class _CudaRead(PendingRead):
-    __slots__ = ("_backend", "_capacity", "_done", "_error", "_host", "_latch", "_size")
+    """A device-to-host copy into pinned staging memory, followed by a stream mark.
 
-    def __init__(self, backend: CudaBackend, host: int, capacity: int, size: int) -> None:
+    The staging block goes back to the pool only once the copy has landed,
+    also when the read is discarded while the copy is still in flight.
+    """
+
+    __slots__ = ("_backend", "_capacity", "_done", "_host", "_latch", "_mark", "_size")
+
+    def __init__(
+        self, backend: CudaBackend, host: int, capacity: int, size: int, mark: _CudaStreamMark
+    ) -> None:
         self._backend = backend
         self._host = host
         self._capacity = capacity
         self._size = size
-        self._latch = Latch()
+        self._mark = mark
+        self._latch: Latch | None = None
         self._done = False
 
-    @property
-    def latch(self) -> Any:
-        return self._latch
+    def stream_mark(self) -> StreamMark:
+        return self._mark
 
     def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
-        return self._latch.register(callback)
+        return self._watched().register(callback)
+
+    def _watched(self) -> Latch:
+        """The latch the reactor fires (one watch per read, however many callbacks)."""
+        if self._latch is None:
+            self._latch = Latch()
+            self._mark.notify_when_complete(self._latch)
+        return self._latch
 
     def result(self) -> memoryview:
         data = memoryview(ctypes.string_at(self._host, self._size))
@@ -213,9 +228,15 @@ class _CudaRead(PendingRead):
         return data
 
     def discard(self) -> None:
-        if not self._done:
-            self._done = True
-            self._backend._staging.give_back(self._host, self._capacity)
+        if self._done:
+            return
+        self._done = True
+        backend, host, capacity = self._backend, self._host, self._capacity
+        if self._latch is None and (self._mark.done or backend.fault is not None):
+            backend._staging.give_back(host, capacity)
+        else:  # the copy may still be landing there: give the block back once it has
+            self._watched().register(lambda error: backend._staging.give_back(host, capacity))
+        self._mark.release()
 
 
 class _CudaStreamMark(StreamMark):
@@ -236,6 +257,11 @@ class _CudaStreamMark(StreamMark):
         self._done = False
         self._watched = False
         backend._forecast.recorded(self._id, int(stream.native), time.perf_counter())
+
+    @property
+    def done(self) -> bool:
+        """Whether a query saw the mark complete."""
+        return self._done
 
     def query(self) -> bool:
         backend = self._backend
@@ -519,9 +545,12 @@ class CudaBackend(Backend):
         except BaseException:
             self._staging.give_back(host, capacity)
             raise
-        read = _CudaRead(self, host, capacity, size)
-        self._notify_when_stream_complete(stream, read.latch)
-        return read
+        try:
+            mark = _CudaStreamMark(self, stream)
+        except BaseException:
+            self._staging.give_back(host, capacity)  # the copy failed to enqueue or faulted
+            raise
+        return _CudaRead(self, host, capacity, size, mark)
 
     def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None:
         if buffer.byte_size % 4:
