@@ -118,7 +118,7 @@ _EARLY_CHECKS: Final = 4
 _CHECK_BOUNDS: Final = (50e-6, 10e-3)
 """The shortest and longest time between those looks, in seconds."""
 
-_APPROACH: Final = 150e-6
+_APPROACH: Final = 300e-6
 """The length of the last sleep before the watch: short sleeps land on time, long ones late."""
 
 
