@@ -79,6 +79,8 @@ async def test_ptx_and_cubin_payloads_load_and_run(cuda: accy.Backend) -> None:
 
 
 async def test_a_missing_kernel_name_is_an_invalid_artifact(cuda: accy.Backend) -> None:
+    if os.environ.get("ACCY_UNDER_SANITIZER"):
+        pytest.skip("the planted failed lookup would be reported by the sanitizer")
     with pytest.raises(accy.InvalidArtifact, match="no kernel named"):
         await cuda.load_artifact(
             await cuda.create_artifact(spec(cuda, "iota_f32", kernel_name="not_there"))
