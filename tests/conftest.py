@@ -21,6 +21,14 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
+EVERY_LOOP = [
+    pytest.param("asyncio", id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    pytest.param("trio", id="trio"),
+]
+"""For modules about the event loops themselves: ``anyio_backend`` over uvloop too."""
+
+
 BACKEND_PARAMS = [
     pytest.param("recording", id="recording"),
     pytest.param("cpu", id="cpu"),

@@ -16,14 +16,10 @@ import pytest
 from accy_async import alarms
 from accy_async.waiting import CompletionLatch
 
+from .conftest import EVERY_LOOP
 
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-        pytest.param("trio", id="trio"),
-    ]
-)
+
+@pytest.fixture(params=EVERY_LOOP)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 

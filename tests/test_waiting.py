@@ -14,18 +14,13 @@ import accy_async as accy
 from accy_async.backends import Anticipation
 from accy_async.waiting import MAX_ANTICIPATED_WAITS, CompletionLatch, wait_completion
 
+from .conftest import EVERY_LOOP
 from .kernels import GATE, load
 
 WAITERS = 10_000
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-        pytest.param("trio", id="trio"),
-    ]
-)
+@pytest.fixture(params=EVERY_LOOP)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 

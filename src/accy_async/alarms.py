@@ -192,13 +192,15 @@ class _TimerfdClock(AlarmClock):
         self._armed_for = None
         heap = self._heap
         now = time.perf_counter()
+        due: list[Alarm] = []
         while heap and (heap[0][0] <= now or heap[0][2].cancelled):
-            _, _, alarm = heapq.heappop(heap)
-            if not alarm.cancelled:
-                alarm.callback()
-        if heap:
+            due.append(heapq.heappop(heap)[2])
+        if heap:  # re-armed first: a failing callback cannot strand the later alarms
             self._armed_for = heap[0][0]
             self._timer.arm(self._armed_for)
+        for alarm in due:
+            if not alarm.cancelled:
+                alarm.callback()
 
 
 class _AsyncioTimerfdClock(_TimerfdClock):

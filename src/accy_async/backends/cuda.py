@@ -267,16 +267,8 @@ class _CudaStreamMark(StreamMark):
         backend = self._backend
         if backend._unusable is not None:
             backend._raise_unusable()
-        (result,) = driver().cuEventQuery(self._marker)
-        if result == backend._success:
-            self._done = True
-            backend._forecast.completed_seen(self._id, time.perf_counter())
-            return True
-        if result == backend._not_ready:
-            backend._forecast.pending_seen(self._id, time.perf_counter())
-            return False
-        backend._raise(result, "querying a stream")
-        return False
+        self._done = backend._query_native(self._marker, self._id, "querying a stream")
+        return self._done
 
     def anticipate(self) -> Anticipation | None:
         backend = self._backend
@@ -715,14 +707,18 @@ class CudaBackend(Backend):
     # ----- completion ----------------------------------------------------------------------
 
     def _query_event(self, event: EventHandle) -> bool:
-        (result,) = driver().cuEventQuery(event.native)
+        return self._query_native(event.native, event.id, "querying an event")
+
+    def _query_native(self, native: Any, forecast_id: int, action: str) -> bool:
+        """Query an event, telling the forecast what was seen (``forecast_id``'s record)."""
+        (result,) = driver().cuEventQuery(native)
         if result == self._success:
-            self._forecast.completed_seen(event.id, time.perf_counter())
+            self._forecast.completed_seen(forecast_id, time.perf_counter())
             return True
         if result == self._not_ready:
-            self._forecast.pending_seen(event.id, time.perf_counter())
+            self._forecast.pending_seen(forecast_id, time.perf_counter())
             return False
-        self._raise(result, "querying an event")
+        self._raise(result, action)
         return False
 
     def _query_stream(self, stream: StreamHandle) -> bool:
