@@ -412,7 +412,7 @@ def report(long: bool) -> str:
         "on two streams; a 1 ms heartbeat beside them; three runs with the collector as the",
         "README recommends for latency-sensitive services (`gc.freeze()` after start-up, the",
         "cyclic collector paused for the burst), one with the defaults, whose collections walk",
-        "the live state of the thousand callers and pause the loop for 10-30 ms. Target: worst",
+        "the live state of the thousand callers and pause the loop for tens of ms. Target: worst",
         "lag under 10 ms. Cycles found is what a full collection right after the burst",
         "collected: with the collector paused, every reference cycle the 10,000 launches made",
         "(the library's launch and wait paths make none, so pausing the collector leaks",
