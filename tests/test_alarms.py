@@ -139,3 +139,14 @@ def test_a_missed_sleep_shrinks_the_margin_so_it_can_recover() -> None:
     for _ in range(100):
         clock.missed_a_sleep()  # waits too short to sleep in: no samples, yet it comes down
     assert clock.margin < high / 10
+
+
+async def test_the_thread_clock_wakes_a_sleeping_task_and_cancels_cleanly() -> None:
+    clock = alarms._ThreadClock()  # what loops without a timerfd use
+    start = time.perf_counter()
+    with anyio.fail_after(5):
+        await clock.sleep_until(start + 0.002)
+    assert time.perf_counter() - start >= 0.002
+    with anyio.move_on_after(0.001) as scope:
+        await clock.sleep_until(time.perf_counter() + 10)
+    assert scope.cancelled_caught
