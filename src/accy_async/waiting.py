@@ -76,25 +76,11 @@ async def wait_event(backend: Backend, event: EventHandle) -> None:
     """
     if backend.query_event(event):
         return
-    await _wait_pending(
-        partial(backend.query_event, event),
-        backend.anticipate(event),
-        partial(backend.notify_when_complete, event),
-    )
-
-
-async def _wait_pending(
-    query: Callable[[], bool], expected: Anticipation | None, register: Register
-) -> None:
-    """Wait for a pending completion: watched if predicted (and few are), else called back."""
-    if expected is not None and _anticipating.count < MAX_ANTICIPATED_WAITS:
-        _anticipating.count += 1
-        try:
-            if await _anticipated_wait(query, expected):
-                return
-        finally:
-            _anticipating.count -= 1
-    await wait_completion(register)
+    expected = backend.anticipate(event)
+    if expected is None or not await _anticipated_wait(
+        partial(backend.query_event, event), expected
+    ):
+        await wait_completion(partial(backend.notify_when_complete, event))
 
 
 MAX_ANTICIPATED_WAITS: Final = 16
@@ -133,34 +119,41 @@ async def _anticipated_wait(query: Callable[[], bool], expected: Anticipation) -
     work ends early, and arriving through one short sleep, which lands on time
     more reliably than a long one), then polls the event, yielding to other
     tasks between polls, until ``expected.patience`` past the due time.
-    Returns whether the event completed; if not, the caller falls back to the
-    backend's callback. Nothing is registered with the backend meanwhile, so
-    no other thread runs.
+    Returns whether the event completed; if not (or at once, when
+    :data:`MAX_ANTICIPATED_WAITS` waits of this loop already watch), the
+    caller falls back to the backend's callback. Nothing is registered with
+    the backend meanwhile, so no other thread runs.
     """
-    clock = alarm_clock()
-    wake_at = expected.due - clock.margin
-    low, high = _CHECK_BOUNDS
-    look_every = min(max(expected.duration / _EARLY_CHECKS, low), high)
-    now = time.perf_counter()
-    if now >= wake_at:
-        clock.missed_a_sleep()
-    while now < wake_at:
-        if wake_at - now <= _APPROACH:
-            await clock.sleep_until(wake_at)
-            now = time.perf_counter()
-            clock.observe_lateness(now - wake_at)
-        else:
-            await clock.sleep_until(min(now + look_every, wake_at - _APPROACH))
-            now = time.perf_counter()
-        if query():
-            return True
-    give_up_at = expected.due + expected.patience
-    yield_to_others = _checkpoint()
-    while not query():
-        if time.perf_counter() > give_up_at:
-            return False
-        await yield_to_others()
-    return True
+    if _anticipating.count >= MAX_ANTICIPATED_WAITS:
+        return False
+    _anticipating.count += 1
+    try:
+        clock = alarm_clock()
+        wake_at = expected.due - clock.margin
+        low, high = _CHECK_BOUNDS
+        look_every = min(max(expected.duration / _EARLY_CHECKS, low), high)
+        now = time.perf_counter()
+        if now >= wake_at:
+            clock.missed_a_sleep()
+        while now < wake_at:
+            if wake_at - now <= _APPROACH:
+                await clock.sleep_until(wake_at)
+                now = time.perf_counter()
+                clock.observe_lateness(now - wake_at)
+            else:
+                await clock.sleep_until(min(now + look_every, wake_at - _APPROACH))
+                now = time.perf_counter()
+            if query():
+                return True
+        give_up_at = expected.due + expected.patience
+        yield_to_others = _checkpoint()
+        while not query():
+            if time.perf_counter() > give_up_at:
+                return False
+            await yield_to_others()
+        return True
+    finally:
+        _anticipating.count -= 1
 
 
 def _checkpoint() -> Callable[[], Awaitable[None]]:
@@ -184,7 +177,9 @@ async def wait_stream(backend: Backend, stream: StreamHandle | None = None) -> N
         return
     try:
         if not mark.query():
-            await _wait_pending(mark.query, mark.anticipate(), mark.notify_when_complete)
+            expected = mark.anticipate()
+            if expected is None or not await _anticipated_wait(mark.query, expected):
+                await wait_completion(mark.notify_when_complete)
     finally:
         mark.release()
 
@@ -199,7 +194,9 @@ async def wait_read(pending: PendingRead) -> memoryview:
         if mark is None:
             await wait_completion(pending.notify_when_complete)
         elif not mark.query():
-            await _wait_pending(mark.query, mark.anticipate(), pending.notify_when_complete)
+            expected = mark.anticipate()
+            if expected is None or not await _anticipated_wait(mark.query, expected):
+                await wait_completion(pending.notify_when_complete)
     except BaseException:
         pending.discard()
         raise

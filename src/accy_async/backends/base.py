@@ -967,6 +967,12 @@ class Backend(abc.ABC):
         Uses no object the caller can see; give it back with
         :meth:`StreamMark.release`.
         """
+        if self._unusable is not None:
+            self._raise_unusable()
+        return self._mark_stream(self._stream(stream))
+
+    def _mark_stream(self, stream: StreamHandle) -> StreamMark | None:
+        """A mark of ``stream``'s work so far, for backends that offer one (default: none)."""
         del stream
         return None
 

@@ -30,6 +30,7 @@ import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from typing import Any, Final
 
 import anyio.to_thread
@@ -275,22 +276,10 @@ class _CudaStreamMark(StreamMark):
         return backend._forecast.anticipate(self._id) if backend._anticipation else None
 
     def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
-        backend = self._backend
-        forecast, marker_id = backend._forecast, self._id
-        record = forecast.record_of(marker_id)
-
-        def learn_then_call(error: BaseException | None) -> None:
-            if error is None:
-                forecast.completed_seen(marker_id, time.perf_counter(), record)
-            callback(error)
-
+        backend, marker = self._backend, self._marker
         self._watched = True
-        return backend._reactor.watch(
-            self._marker,
-            self._stream,
-            learn_then_call,
-            on_done=lambda: backend._recycle_marker(self._marker),
-        )
+        recycle = partial(backend._recycle_marker, marker)
+        return backend._watch(marker, self._stream, self._id, callback, on_done=recycle)
 
     def release(self) -> None:
         backend = self._backend
@@ -302,12 +291,8 @@ class _CudaStreamMark(StreamMark):
             return
         # Cancelled while pending: recycle the marker once the device is past it (at once
         # after a fault: the reactor fails every watch then).
-        backend._reactor.watch(
-            self._marker,
-            self._stream,
-            lambda error: None,
-            on_done=lambda: backend._recycle_marker(self._marker),
-        )
+        recycle = partial(backend._recycle_marker, self._marker)
+        backend._reactor.watch(self._marker, self._stream, lambda error: None, on_done=recycle)
 
 
 class CudaBackend(Backend):
@@ -737,22 +722,30 @@ class CudaBackend(Backend):
         if stream is None:  # never recorded: complete
             callback(None)
             return ALREADY_FIRED
-        event_id = event.id
+        return self._watch(event.native, stream, event.id, callback)
+
+    def _watch(
+        self,
+        native: Any,
+        stream: Any,
+        forecast_id: int,
+        callback: CompletionCallback,
+        on_done: Callable[[], None] | None = None,
+    ) -> CompletionRegistration:
+        """Have the reactor call ``callback``, telling the forecast when it saw the record done."""
         forecast = self._forecast
-        record = forecast.record_of(event_id)
+        record = forecast.record_of(forecast_id)
 
         def learn_then_call(error: BaseException | None) -> None:
             if error is None:
-                forecast.completed_seen(event_id, time.perf_counter(), record)
+                forecast.completed_seen(forecast_id, time.perf_counter(), record)
             callback(error)
 
-        return self._reactor.watch(event.native, stream, learn_then_call)
+        return self._reactor.watch(native, stream, learn_then_call, on_done=on_done)
 
-    def mark_stream(self, stream: StreamHandle | None) -> StreamMark | None:
+    def _mark_stream(self, stream: StreamHandle) -> StreamMark:
         """A pooled marker recorded on ``stream``, watched like an event (anticipated too)."""
-        if self._unusable is not None:
-            self._raise_unusable()
-        return _CudaStreamMark(self, self._stream(stream))
+        return _CudaStreamMark(self, stream)
 
     def _notify_when_stream_complete(
         self, stream: StreamHandle, callback: CompletionCallback
