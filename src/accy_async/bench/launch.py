@@ -1,0 +1,299 @@
+"""Launch cost: host microseconds per launch, accy-async beside raw ``cuLaunchKernel``."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..backends.cuda_driver import driver
+from .rig import BATCH, KERNELS, Rig
+
+__all__ = ["launch_accy", "launch_anchors"]
+
+
+def _per_call_us(run_batch: Callable[[], None], sync: Callable[[], None], repeat: int) -> float:
+    run_batch()
+    sync()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run_batch()
+        samples.append((time.perf_counter() - start) / BATCH * 1e6)
+        sync()
+    return statistics.median(samples)
+
+
+async def _paired_us(
+    raw_batch: Callable[[], None],
+    accy_batch: Callable[[], Awaitable[None]],
+    sync: Callable[[], Awaitable[None]],
+    repeat: int,
+    launches_per_batch: int = BATCH,
+) -> dict[str, float]:
+    """accy-async beside the raw pre-packed launch, batches interleaved, GC paused.
+
+    Timing the two alternately on the same kernel and stream cancels the slow
+    drifts of a shared machine that separate runs would put into the ratio.
+    """
+    raw_samples: list[float] = []
+    accy_samples: list[float] = []
+    for round_index in range(repeat + 1):
+        for which in ("raw", "accy"):
+            gc.disable()
+            start = time.perf_counter()
+            if which == "raw":
+                raw_batch()
+            else:
+                await accy_batch()
+            elapsed = (time.perf_counter() - start) / launches_per_batch * 1e6
+            gc.enable()
+            await sync()
+            if round_index:  # the first round warms up
+                (raw_samples if which == "raw" else accy_samples).append(elapsed)
+    return {"us": statistics.median(accy_samples), "raw_us": statistics.median(raw_samples)}
+
+
+def launch_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
+    """The raw launches and the other libraries' launch calls."""
+    d = driver()
+    rows: dict[str, Any] = {}
+    launch = d.cuLaunchKernel
+    function, stream, params = rig.empty, rig.stream, rig.params
+
+    def prepacked() -> None:
+        for _ in range(BATCH):
+            launch(function, 1, 1, 1, 32, 1, 1, 0, stream, params, 0)
+
+    rows["cuLaunchKernel, pre-packed void* array"] = _per_call_us(prepacked, rig.sync, repeat)
+    types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)
+
+    def tupled() -> None:
+        for _ in range(BATCH):
+            launch(function, 1, 1, 1, 32, 1, 1, 0, stream, ((rig.a, rig.b, 0), types), 0)
+
+    rows["cuLaunchKernel, ((values), (types)) tuple"] = _per_call_us(tupled, rig.sync, repeat)
+    rows.update(_optional_anchors(rig, repeat))
+    return rows
+
+
+def _optional_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    try:
+        from cuda.core import Device, LaunchConfig, ObjectCode, launch
+
+        device = Device(0)
+        device.set_current()
+        core_stream = device.create_stream()
+        kernel = ObjectCode.from_cubin(rig.image.image).get_kernel("empty")
+        config = LaunchConfig(grid=1, block=32)
+        import numpy as np
+
+        a, b = rig.a, rig.b
+        n = np.uint32(0)
+
+        def core() -> None:
+            for _ in range(BATCH):
+                launch(core_stream, config, kernel, a, b, n)
+
+        rows["cuda.core launch"] = _per_call_us(core, core_stream.sync, repeat)
+    except Exception as exc:  # noqa: BLE001 - an anchor that cannot run is reported
+        rows["cuda.core launch"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
+        import cupy
+        import numpy as np
+
+        raw = cupy.RawKernel(KERNELS, "empty")
+        x = cupy.zeros(8, dtype=cupy.float32)
+        cupy_stream = cupy.cuda.Stream(non_blocking=True)
+        n32 = np.uint32(0)
+
+        def cupy_calls() -> None:
+            with cupy_stream:
+                for _ in range(BATCH):
+                    raw((1,), (32,), (x, x, n32))
+
+        rows["CuPy RawKernel call"] = _per_call_us(cupy_calls, cupy_stream.synchronize, repeat)
+    except Exception as exc:  # noqa: BLE001
+        rows["CuPy RawKernel call"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
+        import torch
+
+        t = torch.zeros(8, device="cuda")
+
+        def torch_calls() -> None:
+            for _ in range(BATCH):
+                t.add_(1)
+
+        rows["PyTorch x.add_(1)"] = _per_call_us(torch_calls, torch.cuda.synchronize, repeat)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                t.add_(1)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            for _ in range(100):
+                t.add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize()
+            samples.append((time.perf_counter() - start) / 100 * 1e6)
+        rows["CUDA graph replay, per node (PyTorch, 100 nodes, GPU time included)"] = (
+            statistics.median(samples)
+        )
+    except Exception as exc:  # noqa: BLE001
+        rows["PyTorch x.add_(1)"] = f"unavailable: {type(exc).__name__}: {exc}"
+    return rows
+
+
+async def launch_accy(repeat: int) -> dict[str, Any]:
+    """accy-async's launch paths on its CUDA backend."""
+    from .. import plan as p
+    from ..backends import open_backend
+    from ..graph import launch_graph
+    from ..kernels import SlotBinding, load_kernels
+    from ..pipeline import (
+        PipelineLaunch,
+        allocate_pipeline_intermediates,
+        launch_pipeline,
+        load_pipeline_artifacts,
+    )
+    from ..waiting import wait_stream
+
+    rows: dict[str, Any] = {}
+    empty = p.TextPayload(KERNELS)
+    async with open_backend("cuda") as backend:
+        spec = p.ArtifactSpec(
+            kernel_name="empty",
+            format=p.ArtifactFormat.CUDA_SOURCE,
+            payload=empty,
+            argument_count=3,
+            scalar_argument_count=1,
+        )
+        loaded = await backend.load_artifact(await backend.create_artifact(spec))
+        a, b = backend.allocate_buffer(1024), backend.allocate_buffer(1024)
+        buffers = [a.bind(), b.bind("read_only")]
+        scalars = [p.U32(0)]
+        stream = backend.create_stream()
+
+        async def sync() -> None:
+            # Spin like the anchors' cuStreamSynchronize, so every variant starts its
+            # batch on an equally warm CPU (an idle vCPU wakes slow and cold).
+            driver().cuStreamSynchronize(stream.native)
+            await wait_stream(backend, stream)
+
+        async def checked() -> None:
+            for _ in range(BATCH):
+                backend.launch(loaded, buffers, scalars, (1, 1, 1), (32, 1, 1), stream=stream)
+
+        d = driver()
+        raw_launch = d.cuLaunchKernel
+        native = loaded.native
+        backend.launch(loaded, buffers, scalars, (1, 1, 1), (32, 1, 1), stream=stream)  # packs
+
+        def raw() -> None:
+            for _ in range(BATCH):
+                raw_launch(native.function, 1, 1, 1, 32, 1, 1, 0, stream.native, native.params, 0)
+
+        rows["accy backend.launch (checked)"] = await _paired_us(raw, checked, sync, repeat)
+
+        entry = p.RegistryEntry(
+            target="bench.empty",
+            version=1,
+            format=p.ArtifactFormat.CUDA_SOURCE,
+            entry_name="empty",
+            argument_count=3,
+            runtime_scalar_argument_count=1,
+            payload=empty,
+            launch=p.FixedLaunch(geometry=p.LaunchGeometry(block=(32, 1, 1))),
+        )
+        registry = p.KernelCallRegistry(entries=(entry,))
+        pipeline = p.KernelCallPipeline(
+            target="bench.three_stages",
+            version=1,
+            operand_count=1,
+            result_count=1,
+            runtime_scalar_argument_count=1,
+            intermediates=(p.PipelineIntermediate(dtype=p.DType.F32, extent=p.Fixed(256)),),
+            stages=(
+                p.PipelineStage(
+                    target="bench.empty",
+                    version=1,
+                    buffers=(p.Intermediate(0), p.Operand(0)),
+                    scalars=(p.Forward(argument_index=0),),
+                ),
+                p.PipelineStage(
+                    target="bench.empty",
+                    version=1,
+                    buffers=(p.Result(0), p.Intermediate(0)),
+                    scalars=(p.Forward(argument_index=0),),
+                ),
+                p.PipelineStage(
+                    target="bench.empty",
+                    version=1,
+                    buffers=(p.Result(0), p.Operand(0)),
+                    scalars=(p.Forward(argument_index=0),),
+                ),
+            ),
+        )
+        arguments = (p.U32(0),)
+        pool = await load_pipeline_artifacts(
+            backend, pipeline, registry, p.ArtifactFormat.CUDA_SOURCE
+        )
+        scratch = await allocate_pipeline_intermediates(backend, pipeline, arguments)
+        request = PipelineLaunch(
+            pipeline=pipeline,
+            registry=registry,
+            format=p.ArtifactFormat.CUDA_SOURCE,
+            operands=[b.bind("read_only")],
+            results=[a.bind()],
+            runtime_scalar_arguments=arguments,
+            intermediates=scratch,
+            artifacts=pool,
+            stream=stream,
+        )
+
+        async def pipelines() -> None:
+            for _ in range(BATCH // 3):
+                await launch_pipeline(backend, request)
+
+        rows["accy await launch_pipeline, per stage (pool + intermediates)"] = await _paired_us(
+            raw, pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3
+        )
+
+        planned = p.PlannedKernel(
+            kernel_id=1,
+            work_item_id=1,
+            artifact=spec,
+            output_slot_id=1,
+            input_slot_ids=(2,),
+            runtime_scalar_argument_count=1,
+            runtime_scalar_defaults=(p.U32(0),),
+            launch_resources=p.LaunchResources(geometry=p.LaunchGeometry(block=(32, 1, 1))),
+        )
+        artifact_plan = p.ArtifactPlan(
+            slots=(p.Slot(slot_id=1), p.Slot(slot_id=2)), kernels=(planned,)
+        )
+        graph = p.LaunchGraphPlan(nodes=tuple(p.GraphNode(kernel_index=0) for _ in range(BATCH)))
+        kernels = await load_kernels(backend, artifact_plan)
+        slots = [SlotBinding(1, a.bind()), SlotBinding(2, b.bind())]
+
+        async def graph_nodes() -> None:
+            await launch_graph(kernels, slots, graph, default_stream=stream)
+
+        rows["accy launch_graph, per node (host order)"] = await _paired_us(
+            raw, graph_nodes, sync, repeat
+        )
+        await kernels.aclose()
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all([loaded, a, b, stream])
+    return rows
