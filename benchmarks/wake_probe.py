@@ -6,7 +6,7 @@
    or trio's ``run_sync_soon``) when the loop is idle, and when it is busy? On
    a virtual machine an idle loop's vCPU halts, and waking it costs an
    inter-processor interrupt through the hypervisor.
-3. How late does a loop that wakes itself (its own timerfd, ``accy_async.alarms``)
+3. How late does a loop that wakes itself (its own timerfd, ``accy_async._loops``)
    resume after 100 us and 2 ms sleeps?
 
     python benchmarks/wake_probe.py
@@ -193,20 +193,20 @@ def wake_probe(library: str, busy: bool, trials: int = 200) -> dict[str, Any]:
 
 
 def alarm_probe(library: str, trials: int = 200) -> dict[str, Any]:
-    """How late a task resumes after an alarm of its loop's clock (``accy_async.alarms``).
+    """How late a task resumes after an alarm of its loop's clock (``accy_async._loops``).
 
     The loop is idle meanwhile, so its vCPU halts; on Linux the loop's own
     timerfd wakes it, with no second thread involved.
     """
-    from accy_async.alarms import alarm_clock
+    from accy_async import _loops
 
     async def body() -> dict[str, Any]:
-        clock = alarm_clock()
+        clock = _loops.current().clock
         lateness: dict[str, list[float]] = {"100us": [], "2ms": []}
         for index in range(trials):
             label, delay = ("100us", 100e-6) if index % 2 else ("2ms", 2e-3)
             when = time.perf_counter() + delay
-            await clock.sleep_until(when)
+            await _loops.sleep_until(when)
             lateness[label].append((time.perf_counter() - when) * 1e6)
         row: dict[str, Any] = {"library": library, "clock": type(clock).__name__}
         for label, values in lateness.items():

@@ -1,99 +1,237 @@
-"""The completion forecast: what it learns from measured, late and early sightings."""
+"""The completion forecast: cost models learned from what was launched, ledgers simulated."""
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import pytest
 
-from accy_async.backends.forecast import LATE_STEP, LEAST_PATIENCE, CompletionForecast
-
-STREAM = 7
-
-
-def seen(
-    forecast: CompletionForecast, event: int, duration: float, pending_at: float | None = None
-) -> None:
-    """Record ``event`` at t=100 s and see it complete ``duration`` later."""
-    forecast.recorded(event, STREAM, 100.0)
-    if pending_at is not None:
-        forecast.pending_seen(event, 100.0 + pending_at)
-    forecast.completed_seen(event, 100.0 + duration)
+from accy_async.backends import forecast as forecast_module
+from accy_async.backends.forecast import (
+    LAUNCH_LATENCY,
+    Forecast,
+    Ledger,
+    byte_features,
+)
 
 
-def test_nothing_is_anticipated_before_a_completion_was_seen() -> None:
-    forecast = CompletionForecast()
-    forecast.recorded(1, STREAM, 5.0)
-    assert forecast.anticipate(1) is None
-    assert forecast.anticipate(2) is None  # never recorded
+class Clock:
+    """Stands in for ``time.perf_counter`` inside the forecast module."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
 
 
-def test_the_first_sighting_sets_the_expectation_and_predicts_the_next_record() -> None:
-    forecast = CompletionForecast()
-    seen(forecast, 1, 2e-3)
-    assert forecast.expected(STREAM) == pytest.approx(2e-3)
-    forecast.recorded(1, STREAM, 200.0)
-    expected = forecast.anticipate(1)
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(forecast_module, "time", fake)
+    return fake
+
+
+def launch(ns: float, blocks: int = 1) -> tuple[Any, ...]:
+    return ((blocks, 1, 1), (256, 1, 1), (ns,))
+
+
+def seen_at(ledger: Ledger, position: int, end: float, width: float = 10e-6) -> None:
+    """``position`` seen done after ``end``, by a poll ``width`` after one seeing it pending."""
+    ledger.completed(position, end - width / 2, end + width / 2)
+
+
+def test_nothing_is_forecast_before_the_kernel_was_seen_once(clock: Clock) -> None:
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    assert ledger.anticipate(ledger.position) is None
+    assert ledger.anticipate(0) == (ledger.start, 0.0)  # nothing before position 0
+
+
+def test_a_kernel_of_constant_length_is_predicted_after_one_measurement(clock: Clock) -> None:
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    seen_at(ledger, 1, clock.now + LAUNCH_LATENCY + 1e-3)
+    clock.now = 200.0
+    ledger.enqueue(model, launch(1))
+    expected = ledger.anticipate(ledger.position)
     assert expected is not None
-    assert expected.due == pytest.approx(200.002)
-    assert expected.duration == pytest.approx(2e-3)
-    assert expected.patience == pytest.approx(0.5e-3)
+    assert expected.due == pytest.approx(200.0 + LAUNCH_LATENCY + 1e-3, abs=1e-7)
 
 
-def test_a_narrow_bracket_is_a_measurement() -> None:
-    forecast = CompletionForecast()
-    seen(forecast, 1, 3e-3)
-    seen(forecast, 1, 2.000e-3, pending_at=1.990e-3)  # pending 10 us before: measured
-    assert forecast.expected(STREAM) == pytest.approx((3e-3 + 1.995e-3) / 2)
+def test_a_length_set_by_a_scalar_is_learned_as_a_line(clock: Clock) -> None:
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("spin", "spin")
+    rng = random.Random(1)
+    for _ in range(12):
+        clock.now += 1.0
+        ns = 10 ** rng.uniform(4.7, 6.7)  # 50 us .. 5 ms
+        ledger.enqueue(model, launch(ns))
+        seen_at(ledger, ledger.position, clock.now + LAUNCH_LATENCY + 2e-6 + ns * 1e-9)
+    for ns in (60e3, 700e3, 4.5e6):
+        clock.now += 1.0
+        ledger.enqueue(model, launch(ns))
+        expected = ledger.anticipate(ledger.position)
+        assert expected is not None
+        true_end = clock.now + LAUNCH_LATENCY + 2e-6 + ns * 1e-9
+        assert expected.due == pytest.approx(true_end, abs=0.01 * ns * 1e-9 + 1e-6)
+        seen_at(ledger, ledger.position, true_end)
+    assert model.relative_error < 0.05
 
 
-def test_a_late_sighting_moves_below_what_it_saw() -> None:
-    forecast = CompletionForecast()
-    seen(forecast, 1, 3e-3)
-    seen(forecast, 1, 2.5e-3)  # no pending sighting: it was done some time before 2.5 ms
-    expected = forecast.expected(STREAM)
+def test_the_best_feature_wins_grid_or_scalar(clock: Clock) -> None:
+    """A kernel whose length follows its grid (the scalar is noise) is predicted from the grid."""
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("scan", "scan")
+    rng = random.Random(2)
+    for _ in range(16):
+        clock.now += 1.0
+        blocks = rng.randint(1, 100_000)
+        ledger.enqueue(model, ((blocks, 1, 1), (1024, 1, 1), (rng.randint(0, 10**6),)))
+        seen_at(ledger, ledger.position, clock.now + LAUNCH_LATENCY + 5e-6 + blocks * 20e-9)
+    clock.now += 1.0
+    ledger.enqueue(model, ((50_000, 1, 1), (1024, 1, 1), (7,)))
+    expected = ledger.anticipate(ledger.position)
     assert expected is not None
-    assert expected <= 2.5e-3 - max(LATE_STEP, 2.5e-3 / 20)
+    assert expected.due - clock.now == pytest.approx(LAUNCH_LATENCY + 5e-6 + 1e-3, rel=0.01)
 
 
-def test_a_late_sighting_after_the_expectation_changes_nothing() -> None:
-    forecast = CompletionForecast()
-    seen(forecast, 1, 1e-3)
-    seen(forecast, 1, 2e-3)  # done by 2 ms: no news about a 1 ms expectation
-    assert forecast.expected(STREAM) == pytest.approx(1e-3)
+def test_work_queued_on_a_stream_is_summed(clock: Clock) -> None:
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    seen_at(ledger, 1, clock.now + LAUNCH_LATENCY + 1e-3)
+    clock.now = 200.0
+    for _ in range(8):
+        ledger.enqueue(model, launch(1))
+        clock.now += 1e-6  # launched back to back
+    expected = ledger.anticipate(ledger.position)
+    assert expected is not None
+    assert expected.due == pytest.approx(200.0 + LAUNCH_LATENCY + 8e-3, abs=1e-7)
+    middle = ledger.anticipate(ledger.first + 4)
+    assert middle is not None
+    assert middle.due == pytest.approx(200.0 + LAUNCH_LATENCY + 4e-3, abs=1e-7)
 
 
-def test_work_still_pending_after_the_expectation_raises_it() -> None:
-    forecast = CompletionForecast()
-    seen(forecast, 1, 1e-3)
-    seen(forecast, 1, 5e-3, pending_at=3e-3)  # still pending at 3 ms
-    assert forecast.expected(STREAM) == pytest.approx(3e-3)
+def test_launches_slower_than_the_kernels_end_with_the_last_launch(clock: Clock) -> None:
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("tiny", "tiny")
+    ledger.enqueue(model, launch(1))
+    seen_at(ledger, 1, clock.now + LAUNCH_LATENCY + 2e-6, width=1e-6)
+    clock.now = 200.0
+    for _ in range(3):
+        ledger.enqueue(model, launch(1))
+        clock.now += 10e-6  # the host launches every 10 us; each kernel takes 2 us
+    expected = ledger.anticipate(ledger.position)
+    assert expected is not None
+    assert expected.due == pytest.approx(200.0 + 20e-6 + LAUNCH_LATENCY + 2e-6, abs=1e-7)
 
 
-def test_only_the_first_sighting_of_a_record_counts_and_never_an_older_one() -> None:
-    forecast = CompletionForecast()
-    forecast.recorded(1, STREAM, 100.0)
-    old_record = forecast.record_of(1)
-    forecast.completed_seen(1, 100.001)
-    forecast.completed_seen(1, 100.009)  # a second sighting of the same record
-    assert forecast.expected(STREAM) == pytest.approx(1e-3)
-    forecast.recorded(1, STREAM, 200.0)
-    forecast.completed_seen(1, 200.5, old_record)  # a late callback of the older record
-    assert forecast.expected(STREAM) == pytest.approx(1e-3)
-    assert forecast.anticipate(1) is not None  # the newer record is still tracked
+def test_a_pipeline_teaches_each_stage_its_share(clock: Clock) -> None:
+    """Three stages and a copy launched in a burst, measured only as a whole."""
+    forecast = Forecast()
+    stages = [forecast.model(name, name) for name in ("a", "b", "c")]
+    copy = forecast.model("dtoh", "dtoh", byte_features)
+    costs = (
+        lambda n: 3e-6 + n * 4e-9,
+        lambda n: 4e-6,
+        lambda n: 3e-6 + n * 4e-9,
+    )
+    ledger = Ledger(forecast)
+    rng = random.Random(3)
+
+    def request(n: int) -> float:
+        """Enqueue one request of size n; return its true end."""
+        start = clock.now
+        for stage in stages:
+            ledger.enqueue(stage, ((n // 1024 + 1, 1, 1), (1024, 1, 1), (n,)))
+            clock.now += 2e-6
+        ledger.enqueue(copy, 4)
+        clock.now += 2e-6
+        end = start + LAUNCH_LATENCY + sum(cost(n) for cost in costs) + 3e-6
+        return max(end, clock.now + LAUNCH_LATENCY + 3e-6)
+
+    end = clock.now
+    for _ in range(40):
+        clock.now = end + 0.1
+        end = request(int(10 ** rng.uniform(5, 8.5)))
+        seen_at(ledger, ledger.position, end)
+    for n in (200_000, 30_000_000, 250_000_000):
+        clock.now = end + 0.1
+        true_end = end = request(n)
+        expected = ledger.anticipate(ledger.position)
+        assert expected is not None
+        assert expected.due == pytest.approx(true_end, abs=0.02 * (true_end - clock.now) + 2e-6)
+        seen_at(ledger, ledger.position, true_end)
 
 
-def test_short_work_gets_the_least_patience() -> None:
-    forecast = CompletionForecast()
-    seen(forecast, 1, 10e-6)
-    forecast.recorded(1, STREAM, 1.0)
-    expected = forecast.anticipate(1)
-    assert expected is not None and expected.patience == LEAST_PATIENCE
+def test_a_device_side_wait_follows_the_other_stream(clock: Clock) -> None:
+    forecast = Forecast()
+    producer, consumer = Ledger(forecast), Ledger(forecast)
+    model = forecast.model("k", "k")
+    producer.enqueue(model, launch(1))
+    seen_at(producer, 1, clock.now + LAUNCH_LATENCY + 1e-3)
+    clock.now = 200.0
+    producer.enqueue(model, launch(1))
+    point = producer.position
+    consumer.enqueue_wait(producer, point)
+    consumer.enqueue(model, launch(1))
+    expected = consumer.anticipate(consumer.position)
+    assert expected is not None
+    assert expected.due == pytest.approx(200.0 + LAUNCH_LATENCY + 2e-3, abs=1e-7)
 
 
-def test_forgetting_events_and_streams() -> None:
-    forecast = CompletionForecast()
-    seen(forecast, 1, 1e-3)
-    forecast.recorded(1, STREAM, 1.0)
-    forecast.forget(1)
-    assert forecast.anticipate(1) is None
-    forecast.forget_stream(STREAM)
-    assert forecast.expected(STREAM) is None
+def test_a_run_behind_a_wait_teaches_nothing(clock: Clock) -> None:
+    forecast = Forecast()
+    producer, consumer = Ledger(forecast), Ledger(forecast)
+    model = forecast.model("k", "k")
+    producer.enqueue(model, launch(1))
+    consumer.enqueue_wait(producer, producer.position)
+    consumer.enqueue(model, launch(1))
+    seen_at(consumer, consumer.position, clock.now + 5e-3)
+    assert model.samples == 0
+    assert consumer.items == []  # forgotten all the same
+
+
+def test_a_late_sighting_only_bounds(clock: Clock) -> None:
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    seen_at(ledger, 1, clock.now + LAUNCH_LATENCY + 1e-3)
+    samples = model.samples
+    clock.now = 200.0
+    ledger.enqueue(model, launch(1))
+    ledger.completed(ledger.position, None, clock.now + 2e-3)  # done by 2 ms: no news
+    assert model.samples == samples
+    clock.now = 300.0
+    ledger.enqueue(model, launch(1))
+    ledger.sighted(ledger.position, 300.0002, 300.0006)  # from the reactor's thread: shorter
+    clock.now = 400.0
+    ledger.enqueue(model, launch(1))
+    expected = ledger.anticipate(ledger.position)  # folds the sighting in first
+    assert expected is not None
+    assert model.samples == samples + 1
+    assert expected.due - 400.0 < 1e-3
+
+
+def test_a_long_ledger_forgets_what_must_have_ended(clock: Clock) -> None:
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    seen_at(ledger, 1, clock.now + LAUNCH_LATENCY + 1e-6, width=1e-6)
+    for _ in range(600):  # nobody waits on this stream
+        ledger.enqueue(model, launch(1))
+        clock.now += 1e-3
+    assert len(ledger.items) < 600
+    assert ledger.position == 601
+    assert not ledger.start_known
+
+
+def test_models_are_shared_per_key() -> None:
+    forecast = Forecast()
+    assert forecast.model("k", "k") is forecast.model("k", "other name")
+    assert forecast.model("j", "j") is not forecast.model("k", "k")
+    assert len(forecast.models()) == 2

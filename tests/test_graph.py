@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -235,6 +236,18 @@ async def test_cancelling_a_launch_stops_enqueueing_and_releases_everything(
         with anyio.CancelScope() as scope:
             scope.cancel()
             await launch_graph(kernels, bindings, graph)
+        assert scope.cancelled_caught
+        assert recording.launch_count == 0  # cancelled at its first checkpoint: nothing enqueued
+
+        async def cancel_once_started() -> None:
+            while recording.launch_count == 0:
+                await anyio.lowlevel.checkpoint()
+            scope.cancel()
+
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(cancel_once_started)
+                await launch_graph(kernels, bindings, graph)
         assert scope.cancelled_caught
         assert 0 < recording.launch_count < 2000
         assert set(recording.live_objects()) == live_before

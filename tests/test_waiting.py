@@ -8,13 +8,16 @@ import time
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 
 import accy_async as accy
 from accy_async.backends import Anticipation
-from accy_async.waiting import MAX_ANTICIPATED_WAITS, CompletionLatch, wait_completion
+from accy_async.testing import live_after_drain
+from accy_async.waiting import MAX_WATCHERS, CompletionLatch, wait_completion
 
 from .conftest import EVERY_LOOP
+from .heartbeat import Heartbeat
 from .kernels import GATE, load
 
 WAITERS = 10_000
@@ -23,24 +26,6 @@ WAITERS = 10_000
 @pytest.fixture(params=EVERY_LOOP)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
-
-
-class Heartbeat:
-    """Ticks every millisecond and remembers the worst lateness."""
-
-    def __init__(self) -> None:
-        self.worst = 0.0
-        self.ticks = 0
-
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        task_status.started()
-        while True:
-            start = time.perf_counter()
-            await anyio.sleep(0.001)
-            self.worst = max(self.worst, time.perf_counter() - start - 0.001)
-            self.ticks += 1
 
 
 async def test_ten_thousand_concurrent_waits_keep_the_loop_free(
@@ -191,11 +176,18 @@ async def test_synchronize_has_the_seeds_three_scopes(cpu_backend: accy.CpuBacke
     backend.destroy_all([slow, buffer, stream, event])
 
 
-class AnticipatingRecording(accy.RecordingBackend):
-    """A recording backend that predicts completions, to drive the anticipated wait."""
+class WatchedRecording(accy.RecordingBackend):
+    """A recording backend whose completions are watched from the loop, with a set forecast.
 
-    def __init__(self, expected: Anticipation) -> None:
-        super().__init__(completion="manual")
+    The test completes events from a thread (``completion="manual"``), as a
+    device would, while the wait watches them; it counts the queries and the
+    callbacks it is asked for.
+    """
+
+    polled_from_loop = True
+
+    def __init__(self, expected: Anticipation | None = None, **options: Any) -> None:
+        super().__init__(completion="manual", **options)
         self.expected = expected
         self.queries = 0
         self.queries_of: collections.Counter[int] = collections.Counter()
@@ -214,50 +206,84 @@ class AnticipatingRecording(accy.RecordingBackend):
         return super()._notify_when_complete(event, callback)
 
 
-@pytest.mark.parametrize(
-    ("finish_after", "patience", "polled", "called_back"),
-    [
-        pytest.param(0.002, 1.0, False, False, id="early: seen by a look-in while asleep"),
-        pytest.param(0.06, 1.0, True, False, id="on time: seen by the loop's own polls"),
-        pytest.param(0.3, 0.05, True, True, id="late: the backend's callback after the window"),
-    ],
-)
-async def test_an_anticipated_wait_wakes_itself_polls_then_falls_back(
-    finish_after: float, patience: float, polled: bool, called_back: bool
-) -> None:
-    now = time.perf_counter()
-    # Due in 60 ms, asleep until then but for a look-in every 7.5 ms, then watched from the
-    # loop for `patience` (long, so a thread starved of the GIL by the polls cannot miss it).
-    backend = AnticipatingRecording(Anticipation(now + 0.06, 0.06, patience))
+async def _wait_finished_by_a_thread(
+    backend: WatchedRecording, after: float, policy: accy.WaitPolicy | None = None
+) -> float:
+    """Record an event, complete it from a thread ``after`` seconds later, wait; return when."""
     event, stream = backend.create_event(), backend.create_stream()
     backend.record_event(event, stream)
+    start = time.perf_counter()
 
     def finish() -> None:
-        time.sleep(finish_after)
+        time.sleep(after)
         backend.complete(event)
 
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as group:
-            group.start_soon(anyio.to_thread.run_sync, finish)
-            await accy.wait_event(backend, event)
-            finished_at = time.perf_counter()
-    assert finished_at - now >= finish_after
-    if not polled:
-        assert finished_at - now < 0.05  # a look-in saw it, before the due time
-    assert (backend.queries > 20) is polled  # polled from the loop inside the window
-    assert bool(backend.callbacks) is called_back  # no other thread involved unless late
-    backend.destroy_all([event, stream])
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(anyio.to_thread.run_sync, finish)
+                await accy.wait_event(backend, event, policy=policy)
+                finished = time.perf_counter() - start
+    finally:
+        backend.destroy_all([event, stream])
+    assert finished >= after
+    return finished
+
+
+@pytest.mark.parametrize(
+    ("finish_after", "tight_polls"),
+    [
+        pytest.param(0.002, False, id="early: seen by a look-in while asleep"),
+        pytest.param(0.06, True, id="on time: seen by the loop's own polls"),
+        pytest.param(0.3, False, id="late: polls that adapt to the time waited"),
+    ],
+)
+async def test_a_forecast_wait_sleeps_until_due_then_watches_from_the_loop(
+    finish_after: float, tight_polls: bool
+) -> None:
+    now = time.perf_counter()
+    # Due in 60 ms with a 0.1 ms spread: asleep until then but for a look-in or two.
+    backend = WatchedRecording(Anticipation(now + 0.06, 0.1e-3))
+    finished = await _wait_finished_by_a_thread(backend, finish_after)
+    if finish_after < 0.05:
+        assert finished < 0.05  # a look-in saw it, well before the due time
+        assert backend.queries < 10
+    if tight_polls:
+        assert backend.queries > 20  # watched between checkpoints around the due time
+    if finish_after > 0.1:
+        # 240 ms past the due time, polled every eighth of the time waited (at most 1 ms).
+        assert backend.queries < 600
+    assert backend.callbacks == 0  # no other thread involved: the loop watched throughout
     await backend.aclose()
 
 
-async def test_a_cancelled_anticipated_wait_leaves_nothing_behind() -> None:
+async def test_without_a_forecast_the_polls_space_out_with_the_time_waited() -> None:
+    counts = {}
+    for policy in ("latency", "balanced", "frugal"):
+        backend = WatchedRecording()
+        finished = await _wait_finished_by_a_thread(backend, 0.1, policy=policy)
+        assert finished < 0.1 + 0.05 + 0.5  # frugal polls at most every 5 ms (and CI is slow)
+        counts[policy] = backend.queries
+        assert backend.callbacks == 0
+        await backend.aclose()
+    # latency spins; balanced polls every eighth of the time waited (30 us..1 ms), frugal
+    # every half (150 us..5 ms).
+    assert counts["latency"] > counts["balanced"] > counts["frugal"]
+    assert counts["balanced"] < 400
+    assert counts["frugal"] < 60
+
+
+async def test_a_cancelled_watching_wait_returns_at_once_and_leaves_nothing() -> None:
     now = time.perf_counter()
-    backend = AnticipatingRecording(Anticipation(now + 0.05, 0.05, 0.01))
+    backend = WatchedRecording(Anticipation(now + 0.05, 0.0))
     event, stream = backend.create_event(), backend.create_stream()
     backend.record_event(event, stream)
-    with anyio.move_on_after(0.02) as scope:
-        await accy.wait_event(backend, event)
-    assert scope.cancelled_caught
+    for deadline in (0.01, 0.07, 0.2):  # asleep, watching tightly, polling on the clock
+        start = time.perf_counter()
+        with anyio.move_on_after(deadline) as scope:
+            await accy.wait_event(backend, event)
+        assert scope.cancelled_caught
+        assert time.perf_counter() - start < deadline + 0.05
     assert backend.callbacks == 0
     backend.complete(event)
     backend.destroy_all([event, stream])
@@ -266,9 +292,9 @@ async def test_a_cancelled_anticipated_wait_leaves_nothing_behind() -> None:
 
 async def test_only_a_few_waits_of_a_crowd_watch_for_themselves() -> None:
     now = time.perf_counter()
-    backend = AnticipatingRecording(Anticipation(now + 0.03, 0.03, 1.0))
+    backend = WatchedRecording(Anticipation(now + 0.03, 0.0))
     stream = backend.create_stream()
-    events = [backend.create_event() for _ in range(MAX_ANTICIPATED_WAITS + 24)]
+    events = [backend.create_event() for _ in range(MAX_WATCHERS + 24)]
     for event in events:
         backend.record_event(event, stream)
 
@@ -283,7 +309,78 @@ async def test_only_a_few_waits_of_a_crowd_watch_for_themselves() -> None:
             for event in events:
                 group.start_soon(accy.wait_event, backend, event)
     watched = [event_id for event_id, count in backend.queries_of.items() if count > 1]
-    assert len(watched) == MAX_ANTICIPATED_WAITS  # only so many polled for themselves
+    assert len(watched) == MAX_WATCHERS  # only so many polled for themselves
     assert backend.callbacks >= 24  # the crowd beyond the limit waited to be called back
     backend.destroy_all([*events, stream])
     await backend.aclose()
+
+
+async def test_wait_policies_are_checked() -> None:
+    backend = accy.RecordingBackend()
+    assert backend.wait_policy == "balanced"
+    backend.wait_policy = "frugal"
+    with pytest.raises(accy.UnsupportedOperation, match="wait policy"):
+        backend.wait_policy = "fast"  # type: ignore[assignment]
+    with pytest.raises(accy.UnsupportedOperation, match="wait policy"):
+        accy.RecordingBackend(wait_policy="eager")  # type: ignore[arg-type]
+    event = backend.create_event()
+    with pytest.raises(accy.UnsupportedOperation, match="wait policy"):
+        await accy.wait_event(backend, event, policy="soon")  # type: ignore[arg-type]
+    backend.destroy(event)
+    await backend.aclose()
+
+
+@pytest.mark.parametrize("name", ["wait_event", "wait_stream", "download", "launch_pipeline"])
+async def test_cancelling_a_wait_on_the_cpu_returns_at_once_and_defers_the_release(
+    cpu_backend: accy.CpuBackend, name: str
+) -> None:
+    """Cancelled while a kernel runs, a wait returns without waiting for it; nothing is freed
+    early (a pipeline's own scratch and kernels go to deferred release) or leaked."""
+    backend = cpu_backend
+    slow = await load(backend, "slow_fill_f32")
+    buffer = backend.allocate_buffer(64)
+    stream, event = backend.create_stream(), backend.create_event()
+    n = 1000
+    x, y = accy.upload(backend, np.ones(n, np.float32)), backend.allocate_buffer(4 * n)
+    await accy.synchronize(backend)
+    baseline = dict(backend.live_objects())
+    document = accy.library.load_builtin("prefix_sum_f32")
+    backend.launch(
+        slow,
+        [buffer.bind()],
+        [accy.U32(1), accy.F32(1), accy.U64(500_000_000)],
+        (1, 1, 1),
+        (1, 1, 1),
+        stream=stream,
+        signal_event=event,
+    )
+
+    async def wait() -> None:
+        if name == "wait_event":
+            await accy.wait_event(backend, event)
+        elif name == "wait_stream":
+            await accy.wait_stream(backend, stream)
+        elif name == "download":
+            await accy.download(backend, buffer, np.float32, 1, stream=stream)
+        else:
+            await accy.launch_pipeline(
+                backend,
+                accy.PipelineLaunch(
+                    pipeline=document.pipeline,
+                    registry=document.registry,
+                    format=accy.ArtifactFormat.CPU,
+                    operands=[x.bind("read_only")],
+                    results=[y.bind()],
+                    runtime_scalar_arguments=(accy.U32(n),),
+                    stream=stream,
+                ),
+            )
+
+    start = time.perf_counter()
+    with anyio.move_on_after(0.05) as scope:
+        await wait()
+    returned = time.perf_counter() - start
+    assert scope.cancelled_caught
+    assert returned < 0.3, f"{name} gave control back after {returned:.3f} s (kernel: 0.5 s)"
+    assert await live_after_drain(backend) == baseline
+    backend.destroy_all([slow, buffer, stream, event, x, y])

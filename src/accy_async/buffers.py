@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .backends.base import Backend, BufferHandle, StreamHandle
+from .backends.base import Backend, BufferHandle, StreamHandle, WaitPolicy
 from .plan import DType
 from .waiting import wait_read
 
@@ -44,18 +44,21 @@ async def download(
     *,
     offset: int = 0,
     stream: StreamHandle | None = None,
+    policy: WaitPolicy | None = None,
 ) -> np.ndarray[Any, Any]:
     """Read ``count`` elements of ``dtype`` from ``buffer`` at byte ``offset``.
 
     The read lands once the work queued before it on ``stream`` has finished;
-    it is awaited, never blocking the loop. ``count`` defaults to the rest of
-    the buffer.
+    it is awaited as :func:`~accy_async.wait_read` awaits it (``policy`` as
+    there), never blocking the loop. ``count`` defaults to the rest of the
+    buffer.
     """
     element = np.dtype(dtype.numpy_name if isinstance(dtype, DType) else dtype)
     size = (buffer.byte_size - offset) // element.itemsize if count is None else count
     data = await wait_read(
         backend.enqueue_read(
             buffer, offset=offset, byte_size=size * element.itemsize, stream=stream
-        )
+        ),
+        policy=policy,
     )
     return np.frombuffer(data, dtype=element).copy()

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Final
 
 import anyio
-import anyio.lowlevel
 import msgspec
 
+from ._loops import checkpoint
 from .backends.base import (
     Backend,
     BufferBinding,
@@ -140,7 +140,9 @@ class GraphRun:
         return all(latch.done for latch in self._tails)
 
     async def wait(self) -> None:
-        """Return once all the run's work has completed on the device."""
+        """Return once all the run's work has completed on the device (a checkpoint)."""
+        if not self._tails:
+            await checkpoint()
         for latch in self._tails:
             await latch.wait()
 
@@ -257,6 +259,7 @@ async def launch_graph(
     :class:`GraphRun` awaits the whole graph or any node. See the module
     docstring for how errors and cancellation are handled.
     """
+    await checkpoint()
     plan = kernels.artifact_plan
     if kernels.kernel_count != len(plan.kernels):
         raise InvalidArtifact("the loaded kernels do not match their artifact plan")
@@ -372,7 +375,7 @@ class _Run:
             self._enqueue_node(index, self.prepared[self.schedule.node_variant[index]], ())
             index += 1
             if not self.launches % YIELD_EVERY:
-                await anyio.lowlevel.checkpoint()
+                await checkpoint()
 
     async def _enqueue_loop(self, loop: GraphLoop) -> None:
         if loop.trip_count == 0:
@@ -384,7 +387,7 @@ class _Run:
             for index in range(first, end):
                 self._enqueue_node(index, prepared[index - first], ())
                 if not self.launches % YIELD_EVERY:
-                    await anyio.lowlevel.checkpoint()
+                    await checkpoint()
 
     def _loop_variants(self, loop: GraphLoop) -> tuple[list[PreparedLaunch], list[PreparedLaunch]]:
         """The loop's launches for even and odd iterations (carried slots swapped)."""
@@ -446,7 +449,7 @@ class _Run:
             if event is not None:
                 backend.record_event(event, node_streams[index])
             if not self.launches % YIELD_EVERY:
-                await anyio.lowlevel.checkpoint()
+                await checkpoint()
 
     # ----- shared --------------------------------------------------------------------------
 
@@ -505,6 +508,7 @@ async def launch_all(
     if kernels.kernel_count != len(plan.kernels):
         raise InvalidArtifact("the loaded kernels do not match their artifact plan")
     if not plan.kernels:
+        await checkpoint()
         return GraphRun()
     graph = _dataflow_graph(plan, options)
     events = [*options.wait_events]

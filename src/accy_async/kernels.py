@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
+from ._loops import checkpoint
 from .backends.base import (
     Access,
     Backend,
@@ -135,6 +136,7 @@ async def load_kernels(backend: Backend, artifact_plan: ArtifactPlan) -> LoadedK
     A failure part way unloads the kernels already loaded and raises the error.
     Use the result as an async context manager, or close it with ``aclose``.
     """
+    await checkpoint()
     validate_plan(artifact_plan)
     loaded: list[LoadedArtifact] = []
     try:
@@ -399,6 +401,7 @@ class LoadedKernels:
         :class:`LaunchArgumentMismatch` for zero samples, a kernel without
         candidates, or a synchronization whose stream or event is missing.
         """
+        await checkpoint()
         if options.samples <= 0:
             raise LaunchArgumentMismatch("measuring needs at least one sample")
         if options.warmup < 0:
@@ -468,6 +471,7 @@ class LoadedKernels:
         the kernels are released later, once the device is done with them.
         """
         if self._closed:
+            await checkpoint()
             return
         self._closed = True
         streams = list(self._streams_used)

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, overload
 
+from ._loops import checkpoint
 from .backends.base import (
     Backend,
     BufferBinding,
@@ -155,6 +156,7 @@ class PipelineArtifactPool:
     async def aclose(self) -> None:
         """Wait for the launches that used the pool, then unload every stage."""
         if self.closed:
+            await checkpoint()
             return
         self.closed = True
         await release_when_idle(
@@ -198,6 +200,7 @@ class PipelineIntermediates(Sequence[BufferBinding]):
     async def aclose(self) -> None:
         """Wait for the launches that used the buffers, then free them."""
         if self.closed:
+            await checkpoint()
             return
         self.closed = True
         await release_when_idle(
@@ -407,9 +410,10 @@ async def load_pipeline_artifacts(
 ) -> PipelineArtifactPool:
     """Create and load each stage's registry entry into a new pool.
 
-    The whole chain is checked against the registry first. A failure part way
-    unloads the stages already loaded.
+    The whole chain is checked against the registry first. A failure (or a
+    cancellation) part way unloads the stages already loaded.
     """
+    await checkpoint()
     program = _program(pipeline, registry, format)
     entries: list[PoolEntry] = []
     try:
@@ -433,6 +437,7 @@ async def allocate_pipeline_intermediates(
     checked before the first allocation; a failure part way frees what was
     allocated.
     """
+    await checkpoint()
     validate_plan(pipeline)
     pipeline.validate_runtime_scalar_arguments(runtime_scalar_arguments)
     sizes = [
@@ -475,7 +480,10 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     scalars, pools or scratch buffers that do not fit, and
     :class:`InvalidBuffer` for a buffer that is not a live buffer of
     ``backend``, all before anything is allocated or launched.
+
+    A checkpoint first: a caller cancelled there has enqueued nothing.
     """
+    await checkpoint()
     pool = request.artifacts
     if pool is not None:
         memo = pool.memos.get(id(request))

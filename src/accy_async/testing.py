@@ -28,8 +28,8 @@ from typing import Any, Final, Literal
 
 import anyio
 import anyio.lowlevel
-import sniffio
 
+from . import _loops
 from .backends.base import Backend
 from .backends.recording import FAULT_KINDS, FaultKind, RecordingBackend, fault_error
 from .waiting import synchronize
@@ -39,6 +39,7 @@ __all__ = [
     "CancellationReport",
     "FaultReport",
     "SweepProblem",
+    "assert_checkpoint",
     "cancellation_sweep",
     "fault_sweep",
     "live_after_drain",
@@ -96,13 +97,61 @@ class CancellationReport:
     problems: list[SweepProblem] = field(default_factory=list)
 
 
-async def live_after_drain(backend: Backend) -> dict[int, str]:
-    """The objects still alive once queued work has finished and deferred releases ran."""
-    if backend.fault is None and not backend.closed:
-        with anyio.move_on_after(10):
+async def live_after_drain(backend: Backend, *, patience: float = 10.0) -> dict[int, str]:
+    """The objects still alive once queued work has finished and deferred releases ran.
+
+    Deferred releases may wait on streams that were destroyed meanwhile (a
+    graph run's own), whose last work completes a moment later: they are
+    given up to ``patience`` seconds.
+    """
+    with anyio.move_on_after(patience):
+        if backend.fault is None and not backend.closed:
             await synchronize(backend)
-    backend.collect_deferred()
+        backend.collect_deferred()
+        while backend.deferred_count:
+            await anyio.sleep(0.001)
+            backend.collect_deferred()
     return dict(backend.live_objects())
+
+
+async def assert_checkpoint(make: Callable[[], Awaitable[Any]]) -> None:
+    """Assert that awaiting ``make()`` is a checkpoint: it yields and honours cancellation.
+
+    trio's rule, which every public async function of accy-async keeps even
+    when its work is already done. On trio this is
+    ``trio.testing.assert_checkpoints``; on asyncio, ``make()`` is awaited once
+    inside a cancelled scope (it must raise the cancellation) and once beside
+    a task that counts its turns (it must let that task run). Raises
+    :class:`AssertionError` otherwise.
+    """
+    if _loops.library() == "trio":
+        import trio.testing
+
+        with trio.testing.assert_checkpoints():
+            await make()
+        return
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await make()
+    if not scope.cancelled_caught:
+        raise AssertionError("awaited in a cancelled scope, it did not raise the cancellation")
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(count_turns)
+        await anyio.lowlevel.checkpoint()
+        before = turns
+        await make()
+        yielded = turns > before
+        group.cancel_scope.cancel()
+    if not yielded:
+        raise AssertionError("it returned without letting another task run")
 
 
 def _error_matches(kind: FaultKind, error: BaseException) -> bool:
@@ -205,7 +254,7 @@ async def cancellation_sweep(
     microseconds) or ``"task"`` (asyncio's ``Task.cancel()``, asyncio only).
     ``check`` judges the result of runs that finish before the cancellation.
     """
-    if way == "task" and sniffio.current_async_library() != "asyncio":
+    if way == "task" and _loops.library() != "asyncio":
         raise RuntimeError("way='task' needs asyncio")
     report = CancellationReport(scenario=name, way=way)
     baseline_objects = dict(backend.live_objects())

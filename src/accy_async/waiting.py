@@ -1,40 +1,46 @@
 """Awaiting device completion without blocking the event loop.
 
-Backends report completion through callbacks that may run on any thread (a
-CPU stream's worker, the CUDA backend's completion reactor). This module turns
-such a callback into an ``await`` on asyncio (uvloop too) and trio:
+``wait_event``, ``wait_stream`` and ``wait_read`` (and everything built on
+them: ``launch_pipeline``, ``download``, graph runs) wait the same way:
 
-* no thread and no polling task per wait: a wait is a future (asyncio) or a
-  parked task (trio) plus one registered callback, so tens of thousands of
-  concurrent waits cost memory, not threads;
-* completions that arrive together wake their loop once: a per-loop bridge
-  batches them into a single thread-safe call;
-* cancelling a wait withdraws its callback, leaving nothing behind;
-* a device fault reported to a waiter is raised in it as a fresh
-  :class:`~accy_async.errors.DeviceFault` chained to the backend's.
+* **Every wait is a checkpoint.** Work that is already complete costs one
+  yield to the loop, where a pending cancellation is raised, so a task
+  looping over fast launches never starves its loop.
+* **Where the backend's completion can be watched from the loop** (CUDA:
+  ``cuEventQuery`` is cheap, never blocks and needs no other thread), the
+  wait watches it itself. With a forecast of the work (the backend learns
+  each kernel's cost from what was launched, :mod:`accy_async.backends.forecast`)
+  it sleeps on the loop's own precise clock until just before the work is
+  due, looking in on the way, then polls between checkpoints until done.
+  Without one (a kernel never seen, or one running long past its forecast)
+  it follows a schedule that adapts to the elapsed time: a brief spin, then
+  polls spaced by a fraction of the time waited so far.
+* **A crowd** (more than :data:`MAX_WATCHERS` waits on one loop) is called
+  back by the backend's completion reactor instead, and so are waits on
+  backends whose completions come from their own threads (the CPU backend):
+  completions that arrive together wake their loop once.
+* **Cancellation** returns at once: a watching wait just stops; a called-back
+  wait withdraws its callback; nothing is left behind.
 
-The functions take the backend and the thing to wait for::
-
-    backend.record_event(event, stream)
-    await accy.wait_event(backend, event)
+Each wait follows a :data:`~accy_async.backends.WaitPolicy`, the backend's
+(``backend.wait_policy``, ``"balanced"`` by default) or the call's
+``policy=``: ``"latency"`` watches from the first moment (it may spin a
+core), ``"balanced"`` sleeps until the work is nearly due, ``"frugal"``
+spends at most about a tenth of a core and accepts more latency.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
+import math
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from functools import partial
-from typing import Any, Final
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
 
 import anyio
-import anyio.lowlevel
-import sniffio
 
-from .alarms import alarm_clock
+from . import _loops
+from .backends._completion import Completion
 from .backends.base import (
     Anticipation,
     Backend,
@@ -42,20 +48,26 @@ from .backends.base import (
     CompletionRegistration,
     DeviceObject,
     EventHandle,
-    Latch,
     PendingRead,
     StreamHandle,
+    StreamMark,
+    WaitPolicy,
 )
-from .errors import AccyError
-
-WAKE_CHUNK: Final = 64
-"""Most waiters one wake-up resumes; a larger burst is spread over loop iterations."""
+from .errors import AccyError, UnsupportedOperation
 
 CLEANUP_WAIT_SECONDS: float = 30.0
 """How long clean-up waits for queued work before deferring the release instead."""
 
+MAX_WATCHERS: Final = 16
+"""Most waits of one event loop that watch their work themselves; the rest are called back.
+
+Each watches from the loop around its due time, so a crowd of them (thousands
+of tasks behind one kernel) would keep the loop spinning.
+"""
+
 __all__ = [
     "CLEANUP_WAIT_SECONDS",
+    "MAX_WATCHERS",
     "CompletionLatch",
     "release_when_idle",
     "synchronize",
@@ -65,138 +77,62 @@ __all__ = [
     "wait_stream",
 ]
 
-Register = Callable[[CompletionCallback], CompletionRegistration]
 
-
-async def wait_event(backend: Backend, event: EventHandle) -> None:
+async def wait_event(
+    backend: Backend, event: EventHandle, *, policy: WaitPolicy | None = None
+) -> None:
     """Return once ``event``'s latest record has completed.
 
     Raises the backend's :class:`~accy_async.errors.DeviceFault` if the device
-    faults first. Returns at once, without suspending, if it already completed.
+    faults first. A checkpoint even when the record has completed already.
     """
+    if policy is not None:
+        _check(policy)
     if backend.query_event(event):
+        await _loops.checkpoint()
         return
-    expected = backend.anticipate(event)
-    if expected is None or not await _anticipated_wait(
-        partial(backend.query_event, event), expected
-    ):
-        await wait_completion(partial(backend.notify_when_complete, event))
+    await _watch(backend, _Event(backend, event), policy)
 
 
-MAX_ANTICIPATED_WAITS: Final = 16
-"""Most waits of one event loop that watch their events themselves; the rest are called back.
-
-Each such wait polls from the loop around its due time, so a crowd of them
-(thousands of tasks behind one kernel) would keep the loop spinning.
-"""
-
-
-class _Anticipating(threading.local):
-    count = 0
-
-
-_anticipating: Final = _Anticipating()
-
-
-_EARLY_CHECKS: Final = 4
-"""How many times a sleeping anticipated wait looks in, in case the work ends early."""
-
-_CHECK_BOUNDS: Final = (50e-6, 10e-3)
-"""The shortest and longest time between those looks, in seconds."""
-
-_APPROACH: Final = 300e-6
-"""The length of the last sleep before the watch: short sleeps land on time, long ones late."""
-
-
-async def _anticipated_wait(query: Callable[[], bool], expected: Anticipation) -> bool:
-    """Watch for a completion (``query``) from this loop's thread around its due time.
-
-    Waking a sleeping event loop from another thread costs tens to hundreds of
-    microseconds on some machines (virtual ones above all); a loop that wakes
-    itself (:mod:`accy_async.alarms`) and then polls sees the completion
-    within microseconds. So the wait sleeps until the alarm clock's margin
-    before ``expected.due`` (looking in a few times on the way, in case the
-    work ends early, and arriving through one short sleep, which lands on time
-    more reliably than a long one), then polls the event, yielding to other
-    tasks between polls, until ``expected.patience`` past the due time.
-    Returns whether the event completed; if not (or at once, when
-    :data:`MAX_ANTICIPATED_WAITS` waits of this loop already watch), the
-    caller falls back to the backend's callback. Nothing is registered with
-    the backend meanwhile, so no other thread runs.
-    """
-    if _anticipating.count >= MAX_ANTICIPATED_WAITS:
-        return False
-    _anticipating.count += 1
-    try:
-        clock = alarm_clock()
-        wake_at = expected.due - clock.margin
-        low, high = _CHECK_BOUNDS
-        look_every = min(max(expected.duration / _EARLY_CHECKS, low), high)
-        now = time.perf_counter()
-        if now >= wake_at:
-            clock.missed_a_sleep()
-        while now < wake_at:
-            if wake_at - now <= _APPROACH:
-                await clock.sleep_until(wake_at)
-                now = time.perf_counter()
-                clock.observe_lateness(now - wake_at)
-            else:
-                await clock.sleep_until(min(now + look_every, wake_at - _APPROACH))
-                now = time.perf_counter()
-            if query():
-                return True
-        give_up_at = expected.due + expected.patience
-        yield_to_others = _checkpoint()
-        while not query():
-            if time.perf_counter() > give_up_at:
-                return False
-            await yield_to_others()
-        return True
-    finally:
-        _anticipating.count -= 1
-
-
-def _checkpoint() -> Callable[[], Awaitable[None]]:
-    """The cheapest cancellable yield of the running library (AnyIO's adds a lookup)."""
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        return trio.lowlevel.checkpoint
-    return partial(asyncio.sleep, 0)
-
-
-async def wait_stream(backend: Backend, stream: StreamHandle | None = None) -> None:
+async def wait_stream(
+    backend: Backend, stream: StreamHandle | None = None, *, policy: WaitPolicy | None = None
+) -> None:
     """Return once all work enqueued on ``stream`` (default: the default stream) has completed.
 
-    Work enqueued after the call is not waited for. Where the backend offers a
-    stream mark (CUDA), the wait is anticipated as :func:`wait_event`'s is.
+    Work enqueued after the call is not waited for. A checkpoint even when the
+    stream is idle.
     """
+    if policy is not None:
+        _check(policy)
     mark = backend.mark_stream(stream)
     if mark is None:
-        await wait_completion(partial(backend.notify_when_stream_complete, stream))
+        await _loops.current().wait(_StreamCallback(backend, stream))
         return
     try:
-        if not mark.query():
-            expected = mark.anticipate()
-            if expected is None or not await _anticipated_wait(mark.query, expected):
-                await wait_completion(mark.notify_when_complete)
+        if mark.query():
+            await _loops.checkpoint()
+        else:
+            await _watch(backend, mark, policy)
     finally:
         mark.release()
 
 
-async def wait_read(pending: PendingRead) -> memoryview:
+async def wait_read(pending: PendingRead, *, policy: WaitPolicy | None = None) -> memoryview:
     """Await an enqueued device-to-host copy and return its bytes.
 
-    If the wait is cancelled or fails, the read is discarded.
+    If the wait is cancelled or fails, the read is discarded. A checkpoint
+    even when the copy has landed already.
     """
     try:
+        if policy is not None:
+            _check(policy)
         mark = pending.stream_mark()
         if mark is None:
-            await wait_completion(pending.notify_when_complete)
-        elif not mark.query():
-            expected = mark.anticipate()
-            if expected is None or not await _anticipated_wait(mark.query, expected):
-                await wait_completion(pending.notify_when_complete)
+            await _loops.current().wait(pending.notify_when_complete)
+        elif mark.query():
+            await _loops.checkpoint()
+        else:
+            await _watch(mark.backend, mark, policy)
     except BaseException:
         pending.discard()
         raise
@@ -208,6 +144,7 @@ async def synchronize(
     *,
     stream: StreamHandle | None = None,
     event: EventHandle | None = None,
+    policy: WaitPolicy | None = None,
 ) -> None:
     """The seed's ``synchronize`` with its three scopes, without blocking the loop.
 
@@ -215,12 +152,44 @@ async def synchronize(
     live stream of the device.
     """
     if event is not None:
-        await wait_event(backend, event)
+        await wait_event(backend, event, policy=policy)
     elif stream is not None:
-        await wait_stream(backend, stream)
+        await wait_stream(backend, stream, policy=policy)
     else:
         for each in backend.live_streams():
-            await wait_stream(backend, each)
+            await wait_stream(backend, each, policy=policy)
+
+
+def wait_completion(register: _loops.Register) -> Coroutine[Any, Any, None]:
+    """The wait for the callback that ``register`` hands to a backend; await it.
+
+    ``register`` receives the callback and returns its registration; the
+    callback may fire on any thread, or at once inside ``register`` (the wait
+    is a checkpoint either way). Cancelling the wait withdraws the callback.
+    """
+    return _loops.current().wait(register)
+
+
+class CompletionLatch(Completion):
+    """A :class:`~accy_async.backends.Completion` that tasks can await.
+
+    Hand the latch itself to a backend as the callback (it is callable), then
+    ``await latch.wait()`` from as many tasks as you like.
+    """
+
+    __slots__ = ()
+
+    async def wait(self) -> None:
+        """Return once the latch fired; raise (a copy of) the error it fired with, if any."""
+        if self.done:
+            await _loops.checkpoint()
+            if self.error is not None:
+                raise _loops.fresh_error(self.error)
+            return
+        await _loops.current().wait(self.register)
+
+
+# ----- clean-up ---------------------------------------------------------------------------
 
 
 async def release_when_idle(
@@ -233,37 +202,43 @@ async def release_when_idle(
     """Destroy ``objects`` once the work queued on ``streams`` has finished.
 
     The clean-up path of every owner (loaded kernels, pools, pipelines, graph
-    runs): it waits shielded from cancellation for at most ``timeout``
-    seconds, then destroys each object exactly once. If the wait fails or
-    times out, the objects go to the backend's deferred releases instead: a
-    leak until the device is done with them, never a dangling use. After a
-    device fault nothing will run again, so they are destroyed at once.
+    runs). It waits up to ``patience`` seconds (:data:`CLEANUP_WAIT_SECONDS`
+    by default), then destroys each object exactly once. If the caller is
+    cancelled (before or during the wait), or the wait fails or times out,
+    the objects go to the backend's deferred releases instead and the call
+    returns at once: a cancelled caller gets control back without waiting for
+    the device, and nothing is freed while the device may still use it.
+    After a device fault nothing will run again, so they are destroyed at once.
     """
-    if not objects:
-        return
     streams = list(streams) or [None]
-    finished = backend.fault is not None or backend.closed
-    if not finished:
-        try:
-            with (
-                anyio.CancelScope(shield=True),
-                anyio.move_on_after(CLEANUP_WAIT_SECONDS if patience is None else patience),
-            ):
-                try:
-                    for stream in streams:
-                        await wait_stream(backend, stream)
-                    finished = True
-                except AccyError:
-                    finished = backend.fault is not None or backend.closed
-        except BaseException:
-            # asyncio's own Task.cancel() goes through AnyIO's shield: hand the objects to
-            # the deferred releases (nothing is awaited there) and let the cancellation go on.
-            _defer(backend, objects, streams)
-            raise
+    if not objects or _gone(backend):
+        backend.destroy_all(objects)
+        await _loops.checkpoint()
+        return
+    if anyio.current_effective_deadline() == -math.inf:  # already cancelled: don't wait
+        _defer(backend, objects, streams)
+        await _loops.checkpoint()  # raises the cancellation
+        return
+    finished = False
+    try:
+        with anyio.move_on_after(CLEANUP_WAIT_SECONDS if patience is None else patience):
+            for stream in streams:
+                await wait_stream(backend, stream)
+            finished = True
+    except AccyError:
+        finished = _gone(backend)
+    except BaseException:  # cancelled while waiting: the device may still be using them
+        _defer(backend, objects, streams)
+        raise
     if finished:
         backend.destroy_all(objects)
-        return
-    _defer(backend, objects, streams)
+    else:
+        _defer(backend, objects, streams)
+
+
+def _gone(backend: Backend) -> bool:
+    """Whether nothing will run on ``backend`` again (a device fault, or closed)."""
+    return backend.fault is not None or backend.closed
 
 
 def _defer(
@@ -276,217 +251,183 @@ def _defer(
         backend.destroy_all(objects)
 
 
-class CompletionLatch(Latch):
-    """A :class:`~accy_async.backends.base.Latch` that tasks can await.
-
-    Hand the latch itself to a backend as the callback (it is callable), then
-    ``await latch.wait()`` from as many tasks as you like.
-    """
-
-    __slots__ = ()
-
-    async def wait(self) -> None:
-        """Return once the latch fired; raise the error it fired with, if any."""
-        if self.done:
-            if self.error is not None:
-                raise _fresh(self.error)
-            return
-        await wait_completion(self.register)
+# ----- the watch ----------------------------------------------------------------------------
 
 
-def wait_completion(register: Register) -> Coroutine[Any, Any, None]:
-    """The wait for the callback that ``register`` hands to a backend; await it.
+class _Event:
+    """An event as a watch target (one object per wait)."""
 
-    ``register`` receives the callback and returns its registration; the
-    callback may fire on any thread, or at once inside ``register``. (A plain
-    function returning the library's own coroutine: one coroutine fewer per
-    wait, which a thousand concurrent waits feel in the garbage collector.)
-    """
-    if sniffio.current_async_library() == "trio":
-        return _trio_wait(register)
-    return _asyncio_wait(register)
+    __slots__ = ("backend", "event")
 
+    def __init__(self, backend: Backend, event: EventHandle) -> None:
+        self.backend = backend
+        self.event = event
 
-def _fresh(error: BaseException) -> BaseException:
-    """A new exception for one waiter, so concurrent raisers don't share a traceback."""
-    if isinstance(error, AccyError):
-        copy = type(error).__new__(type(error))
-        AccyError.__init__(copy, error.message, path=error.path)
-        copy.__cause__ = error
-        return copy
-    return error
+    def query(self) -> bool:
+        return self.backend.query_event(self.event)
+
+    def anticipate(self) -> Anticipation | None:
+        return self.backend.anticipate(self.event)
+
+    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
+        return self.backend.notify_when_complete(self.event, callback)
 
 
-# ----- asyncio ----------------------------------------------------------------------------
+class _StreamCallback:
+    """Registers a callback for a stream's work so far (backends without stream marks)."""
+
+    __slots__ = ("backend", "stream")
+
+    def __init__(self, backend: Backend, stream: StreamHandle | None) -> None:
+        self.backend = backend
+        self.stream = stream
+
+    def __call__(self, callback: CompletionCallback) -> CompletionRegistration:
+        return self.backend.notify_when_stream_complete(self.stream, callback)
 
 
-class _AsyncioBridge:
-    """Delivers completions to one asyncio loop, one thread-safe wake-up per batch."""
-
-    __slots__ = ("__weakref__", "_batch", "_lock", "_loop", "_scheduled", "_thread_id")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._thread_id = threading.get_ident()
-        self._lock = threading.Lock()
-        self._batch: list[tuple[asyncio.Future[None], BaseException | None]] = []
-        self._scheduled = False
-
-    def deliver(self, future: asyncio.Future[None], error: BaseException | None) -> None:
-        if threading.get_ident() == self._thread_id:
-            _resolve(future, error)
-            return
-        with self._lock:
-            self._batch.append((future, error))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            self._loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        with self._lock:
-            batch, self._batch = self._batch[:WAKE_CHUNK], self._batch[WAKE_CHUNK:]
-            more = bool(self._batch)
-            self._scheduled = more
-        for future, error in batch:
-            _resolve(future, error)
-        if more:  # let timers and other tasks run between chunks of a large burst
-            self._loop.call_soon(self._drain)
+_Target: TypeAlias = "_Event | StreamMark"
 
 
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
+@dataclass(frozen=True, slots=True)
+class _Schedule:
+    """How a policy watches; times in seconds."""
+
+    spin_throughout: bool
+    """Poll between checkpoints from start to end (``latency``)."""
+    spread_factor: float
+    """Wake this many forecast spreads (plus the clock's margin) before the due time."""
+    look_ins: int
+    """How often to look in, on the way to the due time, in case the work ends early."""
+    tight_window: bool
+    """Around the due time, poll between checkpoints (else on the clock, ``alarm_step`` apart)."""
+    least_patience: float
+    """Watch at least this long past the due time before adapting to a late finish."""
+    spin: float
+    """Without a forecast, poll between checkpoints for this long first."""
+    ratio: float
+    """Then poll on the clock every ``ratio`` of the time waited so far..."""
+    least_interval: float
+    """... but no more often than this ..."""
+    most_interval: float
+    """... and no less often than this."""
+    alarm_step: float = 25e-6
+
+
+_SCHEDULES: Final[dict[str, _Schedule]] = {
+    "latency": _Schedule(True, 0, 0, True, 0, math.inf, 0, 0, 0),
+    "balanced": _Schedule(
+        spin_throughout=False,
+        spread_factor=2.0,
+        look_ins=2,
+        tight_window=True,
+        least_patience=50e-6,
+        spin=20e-6,
+        ratio=1 / 8,
+        least_interval=30e-6,
+        most_interval=1e-3,
+    ),
+    "frugal": _Schedule(
+        spin_throughout=False,
+        spread_factor=1.0,
+        look_ins=1,
+        tight_window=False,
+        least_patience=50e-6,
+        spin=0.0,
+        ratio=1 / 2,
+        least_interval=150e-6,
+        most_interval=5e-3,
+        alarm_step=40e-6,
+    ),
+}
+
+_APPROACH: Final = 300e-6
+"""The length of the last sleep before the due time: short sleeps land on time, long ones late."""
+
+_LOOK_BOUNDS: Final = (100e-6, 10e-3)
+"""The shortest and longest time between look-ins on the way to the due time."""
+
+
+def _check(policy: WaitPolicy) -> None:
+    if policy not in _SCHEDULES:
+        raise UnsupportedOperation(
+            f"unknown wait policy {policy!r}; expected one of {', '.join(_SCHEDULES)}"
+        )
+
+
+async def _watch(backend: Backend, target: _Target, policy: WaitPolicy | None) -> None:
+    """Wait for ``target``, not complete at the last query, as the policy says."""
+    schedule = _SCHEDULES[policy or backend.wait_policy]
+    loop = _loops.current()
+    if not backend.polled_from_loop or loop.watchers >= MAX_WATCHERS:
+        await loop.wait(target.notify_when_complete)
         return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(_fresh(error))
-
-
-_asyncio_bridges: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncioBridge]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-class _AsyncioDelivery:
-    """The callback of one asyncio wait (one object, where a closure would take five)."""
-
-    __slots__ = ("_bridge", "_future")
-
-    def __init__(self, bridge: _AsyncioBridge, future: asyncio.Future[None]) -> None:
-        self._bridge = bridge
-        self._future = future
-
-    def __call__(self, error: BaseException | None) -> None:
-        self._bridge.deliver(self._future, error)
-
-
-async def _asyncio_wait(register: Register) -> None:
-    loop = asyncio.get_running_loop()
-    bridge = _asyncio_bridges.get(loop)
-    if bridge is None:
-        bridge = _asyncio_bridges[loop] = _AsyncioBridge(loop)
-    future: asyncio.Future[None] = loop.create_future()
-    registration = register(_AsyncioDelivery(bridge, future))
+    loop.watchers += 1
     try:
-        await future
-    except asyncio.CancelledError:
-        registration.cancel()
-        raise
+        await _watch_from_loop(loop, target, schedule)
+    finally:
+        loop.watchers -= 1
 
 
-# ----- trio -------------------------------------------------------------------------------
-
-
-class _TrioWaiter:
-    """One parked trio task; calling it delivers its completion through the run's bridge."""
-
-    __slots__ = ("bridge", "outcome", "suspended", "task")
-
-    def __init__(self, bridge: _TrioBridge, task: Any) -> None:
-        self.bridge = bridge
-        self.task = task
-        self.suspended = False
-        self.outcome: Any = None
-
-    def __call__(self, error: BaseException | None) -> None:
-        self.bridge.deliver(self, error)
-
-
-class _TrioBridge:
-    """Delivers completions to one trio run, one ``run_sync_soon`` per batch."""
-
-    __slots__ = ("_batch", "_lock", "_scheduled", "_thread_id", "_token")
-
-    def __init__(self, token: Any) -> None:
-        self._token = token
-        self._thread_id = threading.get_ident()
-        self._lock = threading.Lock()
-        self._batch: list[tuple[_TrioWaiter, BaseException | None]] = []
-        self._scheduled = False
-
-    def deliver(self, waiter: _TrioWaiter, error: BaseException | None) -> None:
-        if threading.get_ident() == self._thread_id:
-            self._wake(waiter, error)
+async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedule) -> None:
+    """Watch ``target`` from the loop's thread until it completes."""
+    query = target.query
+    checkpoint = loop.checkpoint
+    start = time.perf_counter()
+    if schedule.spin_throughout:
+        while not query():
+            await checkpoint()
+        return
+    expected = target.anticipate()
+    if expected is not None:
+        if await _sleep_until_due(loop, query, expected, schedule):
             return
-        with self._lock:
-            self._batch.append((waiter, error))
-            if self._scheduled:
+        watch_until = expected.due + max(2 * expected.spread, schedule.least_patience)
+        step = max(expected.spread / 2, schedule.alarm_step)
+        while time.perf_counter() < watch_until:
+            if query():
                 return
-            self._scheduled = True
-        with contextlib.suppress(Exception):  # trio.RunFinishedError: nobody waits any more
-            self._token.run_sync_soon(self._drain)
+            if schedule.tight_window:
+                await checkpoint()
+            else:
+                await loop.sleep_until(time.perf_counter() + step)
+    # No forecast, or the work runs past it: polls spaced by a fraction of the time waited.
+    while not query():
+        now = time.perf_counter()
+        elapsed = now - start
+        if elapsed < schedule.spin:
+            await checkpoint()
+            continue
+        interval = elapsed * schedule.ratio
+        interval = min(max(interval, schedule.least_interval), schedule.most_interval)
+        await loop.sleep_until(now + interval)
 
-    def _drain(self) -> None:
-        with self._lock:
-            batch, self._batch = self._batch[:WAKE_CHUNK], self._batch[WAKE_CHUNK:]
-            more = bool(self._batch)
-            self._scheduled = more
-        for waiter, error in batch:
-            self._wake(waiter, error)
-        if more:  # let timers and other tasks run between chunks of a large burst
-            self._token.run_sync_soon(self._drain)
 
-    @staticmethod
-    def _wake(waiter: _TrioWaiter, error: BaseException | None) -> None:
-        import outcome
-        import trio
+async def _sleep_until_due(
+    loop: _loops.Loop, query: Any, expected: Anticipation, schedule: _Schedule
+) -> bool:
+    """Sleep until the clock's margin (and the forecast's spread) before the due time.
 
-        result = outcome.Value(None) if error is None else outcome.Error(_fresh(error))
-        if waiter.suspended:
-            waiter.suspended = False
-            trio.lowlevel.reschedule(waiter.task, result)
+    Looks in on the way in case the work ends early, and arrives through one
+    short sleep, which lands on time more reliably than a long one. Returns
+    whether a look-in saw the work complete.
+    """
+    clock = loop.clock
+    wake_at = expected.due - clock.margin - schedule.spread_factor * expected.spread
+    now = time.perf_counter()
+    if now >= wake_at:
+        clock.missed_a_sleep()
+        return False
+    low, high = _LOOK_BOUNDS
+    look_every = min(max((wake_at - now) / (schedule.look_ins + 1), low), high)
+    while now < wake_at:
+        if wake_at - now <= _APPROACH:
+            await loop.sleep_until(wake_at)
+            now = time.perf_counter()
+            clock.observe_lateness(now - wake_at)
         else:
-            waiter.outcome = result
-
-
-_trio_bridge_var: Any = None
-
-
-async def _trio_wait(register: Register) -> None:
-    import trio
-
-    global _trio_bridge_var
-    if _trio_bridge_var is None:
-        _trio_bridge_var = trio.lowlevel.RunVar("accy_async_bridge")
-    try:
-        bridge: _TrioBridge = _trio_bridge_var.get()
-    except LookupError:
-        bridge = _TrioBridge(trio.lowlevel.current_trio_token())
-        _trio_bridge_var.set(bridge)
-    waiter = _TrioWaiter(bridge, trio.lowlevel.current_task())
-    registration = register(waiter)
-    if waiter.outcome is not None:  # completed inside register(), on this thread
-        waiter.outcome.unwrap()
-        return
-    waiter.suspended = True
-
-    def abort(raise_cancel: Any) -> Any:
-        del raise_cancel
-        if registration.cancel():
-            waiter.suspended = False
-            return trio.lowlevel.Abort.SUCCEEDED
-        return trio.lowlevel.Abort.FAILED
-
-    await trio.lowlevel.wait_task_rescheduled(abort)
+            await loop.sleep_until(min(now + look_every, wake_at - _APPROACH))
+            now = time.perf_counter()
+        if query():
+            return True
+    return False

@@ -21,6 +21,7 @@ from .base import (
     Backend,
     BufferBinding,
     BufferHandle,
+    Completion,
     CompletionCallback,
     CompletionRegistration,
     DeviceIdentity,
@@ -32,6 +33,8 @@ from .base import (
     Ownership,
     PendingRead,
     StreamHandle,
+    StreamMark,
+    WaitPolicy,
 )
 from .cpu import CpuBackend
 from .cpu_kernels import (
@@ -52,6 +55,7 @@ __all__ = [
     "BackendKind",
     "BufferBinding",
     "BufferHandle",
+    "Completion",
     "CompletionCallback",
     "CompletionRegistration",
     "CpuBackend",
@@ -69,6 +73,8 @@ __all__ = [
     "RecordedLaunch",
     "RecordingBackend",
     "StreamHandle",
+    "StreamMark",
+    "WaitPolicy",
     "auto_backend_choice",
     "cpu_kernel",
     "create_backend",

@@ -22,11 +22,12 @@ import itertools
 import threading
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias, get_args
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from ..errors import (
@@ -40,23 +41,26 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
+from ._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
+from .forecast import Anticipation
 
 __all__ = [
     "ALREADY_FIRED",
     "DEFAULT_ALIGNMENT",
     "DEFAULT_STREAM_ID",
+    "WAIT_POLICIES",
     "Access",
     "Anticipation",
     "Backend",
     "BufferBinding",
     "BufferHandle",
+    "Completion",
     "CompletionCallback",
     "CompletionRegistration",
     "DeviceIdentity",
     "DeviceObject",
     "EventHandle",
     "KernelArtifact",
-    "Latch",
     "Limits",
     "LoadedArtifact",
     "Ownership",
@@ -64,6 +68,7 @@ __all__ = [
     "StageLauncher",
     "StreamHandle",
     "StreamMark",
+    "WaitPolicy",
 ]
 
 DEFAULT_ALIGNMENT: Final = 256
@@ -75,8 +80,15 @@ DEFAULT_STREAM_ID: Final = 0
 Access: TypeAlias = Literal["read_only", "write_only", "read_write"]
 """How a launch may use a buffer. The CPU backend enforces ``read_only``."""
 
-CompletionCallback: TypeAlias = Callable[[BaseException | None], None]
-"""Called once, from any thread, with ``None`` on completion or the error that prevents it."""
+WaitPolicy: TypeAlias = Literal["latency", "balanced", "frugal"]
+"""How a wait trades CPU for latency (see :mod:`accy_async.waiting`).
+
+``latency`` watches from the loop the whole time (it may use a core while it
+waits); ``balanced`` (the default) sleeps until shortly before the work is
+due and watches from then; ``frugal`` spends at most about a tenth of a core.
+"""
+
+WAIT_POLICIES: Final[tuple[WaitPolicy, ...]] = get_args(WaitPolicy)
 
 _backend_ids = itertools.count(1)
 
@@ -236,27 +248,6 @@ class BufferBinding:
         )
 
 
-class CompletionRegistration(abc.ABC):
-    """A pending completion callback; :meth:`cancel` withdraws it if it has not fired."""
-
-    __slots__ = ()
-
-    @abc.abstractmethod
-    def cancel(self) -> bool:
-        """Withdraw the callback. ``True`` if it will not be called, ``False`` if it fired."""
-
-
-class Anticipation(NamedTuple):
-    """When a recorded event should complete: see :meth:`Backend.anticipate`."""
-
-    due: float
-    """The predicted completion, a :func:`time.perf_counter` instant."""
-    duration: float
-    """The predicted time from the record to its completion, in seconds."""
-    patience: float
-    """How long past ``due`` a waiter should keep watching before it asks for a callback."""
-
-
 class StreamMark(abc.ABC):
     """The work a stream had when it was marked (:meth:`Backend.mark_stream`).
 
@@ -265,6 +256,11 @@ class StreamMark(abc.ABC):
     """
 
     __slots__ = ()
+
+    @property
+    @abc.abstractmethod
+    def backend(self) -> Backend:
+        """The backend whose stream was marked."""
 
     @abc.abstractmethod
     def query(self) -> bool:
@@ -281,82 +277,6 @@ class StreamMark(abc.ABC):
     @abc.abstractmethod
     def release(self) -> None:
         """Give the mark back to the backend."""
-
-
-class _AlreadyFired(CompletionRegistration):
-    __slots__ = ()
-
-    def cancel(self) -> bool:
-        return False
-
-
-ALREADY_FIRED: Final[CompletionRegistration] = _AlreadyFired()
-"""The registration of a callback that ran before its registration returned."""
-
-
-class Latch:
-    """A completion that fires once, and any number of callbacks waiting for it.
-
-    It is itself a :data:`CompletionCallback`: hand it to a backend, then
-    :meth:`register` callbacks (before or after it fired). Thread-safe.
-    """
-
-    __slots__ = ("_callbacks", "_done", "_error", "_lock")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._done = False
-        self._error: BaseException | None = None
-        self._callbacks: list[CompletionCallback] = []
-
-    def __call__(self, error: BaseException | None) -> None:
-        """Fire the latch (from any thread); later calls are ignored."""
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            self._error = error
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(error)
-
-    @property
-    def done(self) -> bool:
-        """Whether the completion has arrived."""
-        return self._done
-
-    @property
-    def error(self) -> BaseException | None:
-        """The error it fired with, if any."""
-        return self._error
-
-    def register(self, callback: CompletionCallback) -> CompletionRegistration:
-        """Call ``callback`` once the latch fires (at once if it has)."""
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(callback)
-                return _LatchRegistration(self, callback)
-        callback(self._error)
-        return ALREADY_FIRED
-
-    def _withdraw(self, callback: CompletionCallback) -> bool:
-        with self._lock:
-            try:
-                self._callbacks.remove(callback)
-            except ValueError:
-                return False
-            return True
-
-
-class _LatchRegistration(CompletionRegistration):
-    __slots__ = ("_callback", "_latch")
-
-    def __init__(self, latch: Latch, callback: CompletionCallback) -> None:
-        self._latch = latch
-        self._callback = callback
-
-    def cancel(self) -> bool:
-        return self._latch._withdraw(self._callback)
 
 
 class PendingRead(abc.ABC):
@@ -499,9 +419,22 @@ class Backend(abc.ABC):
     kind: ClassVar[str]
     """``"cuda"``, ``"cpu"`` or ``"recording"``."""
 
-    def __init__(self, *, limits: Limits | None = None) -> None:
+    polled_from_loop: bool = False
+    """Whether waits watch this backend's completions from the event loop itself.
+
+    True where a completion query is cheap, never blocks and needs no other
+    thread (CUDA's ``cuEventQuery``): a wait then sleeps until shortly before
+    the work is due and polls from the loop, and nothing has to cross threads
+    to wake it. Otherwise (the CPU backend, whose queries would contend with
+    its worker threads for the GIL) waits are called back by the backend.
+    """
+
+    def __init__(
+        self, *, limits: Limits | None = None, wait_policy: WaitPolicy = "balanced"
+    ) -> None:
         self.backend_id = next(_backend_ids)
         self.limits = limits or Limits()
+        self.wait_policy = wait_policy
         self._ids = itertools.count(1)
         self._live: dict[int, DeviceObject] = {}
         self._live_bytes = 0
@@ -549,6 +482,19 @@ class Backend(abc.ABC):
     def fault(self) -> DeviceFault | None:
         """The sticky fault that poisoned this backend, if any."""
         return self._fault
+
+    @property
+    def wait_policy(self) -> WaitPolicy:
+        """The :data:`WaitPolicy` of waits that name none (``"balanced"`` by default)."""
+        return self._wait_policy
+
+    @wait_policy.setter
+    def wait_policy(self, policy: WaitPolicy) -> None:
+        if policy not in WAIT_POLICIES:
+            raise UnsupportedOperation(
+                f"unknown wait policy {policy!r}; expected one of {', '.join(WAIT_POLICIES)}"
+            )
+        self._wait_policy = policy
 
     @property
     def closed(self) -> bool:
@@ -723,6 +669,7 @@ class Backend(abc.ABC):
 
     async def create_artifact(self, spec: ArtifactSpec) -> KernelArtifact:
         """Create (compile) the artifact ``spec`` describes; slow compiles run off the loop."""
+        await anyio.lowlevel.checkpoint()
         self._check_usable()
         if spec.format not in self.formats:
             raise InvalidArtifact(
@@ -738,6 +685,7 @@ class Backend(abc.ABC):
         still gets the loaded artifact back (and is cancelled at its next
         checkpoint) instead of leaking a module loaded in a worker thread.
         """
+        await anyio.lowlevel.checkpoint()
         self._check_usable()
         object_id = next(self._ids)
         with anyio.CancelScope(shield=True):
@@ -1040,6 +988,7 @@ class Backend(abc.ABC):
 
         for stream in streams:
             self._notify_when_stream_complete(stream, on_complete)
+        self.collect_deferred()  # streams that were idle already
 
     def collect_deferred(self) -> None:
         """Destroy the deferred objects whose work has completed."""
@@ -1067,6 +1016,7 @@ class Backend(abc.ABC):
         them. Idempotent.
         """
         if self._closed:
+            await anyio.lowlevel.checkpoint()
             return
         try:
             await self._drain()

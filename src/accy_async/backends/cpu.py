@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import DeviceFault, InvalidArtifact, OutOfDeviceMemory, UnsupportedOperation
 from ..plan import ArtifactFormat, ArtifactSpec, CpuKernelPayload, ScalarArgument
+from ._completion import Completion
 from .base import (
     DEFAULT_STREAM_ID,
     Backend,
@@ -43,6 +44,7 @@ from .base import (
     LoadedArtifact,
     PendingRead,
     StreamHandle,
+    WaitPolicy,
 )
 from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel, parse_defines
 
@@ -52,31 +54,6 @@ _STOP: Final = object()
 _YIELD_EVERY: Final = 8
 
 
-class _Completion(CompletionRegistration):
-    """A callback waiting for a point in a stream's queue; fires once."""
-
-    __slots__ = ("_callback", "_lock", "_state")
-
-    def __init__(self, callback: CompletionCallback) -> None:
-        self._callback = callback
-        self._lock = threading.Lock()
-        self._state = 0  # 0 pending, 1 fired, 2 cancelled
-
-    def fire(self, error: BaseException | None) -> None:
-        with self._lock:
-            if self._state:
-                return
-            self._state = 1
-        self._callback(error)
-
-    def cancel(self) -> bool:
-        with self._lock:
-            if self._state == 1:
-                return False
-            self._state = 2
-            return True
-
-
 class _CpuImage(NamedTuple):
     """A created CPU artifact: the registered function and its defines."""
 
@@ -84,21 +61,24 @@ class _CpuImage(NamedTuple):
     defines: Mapping[str, str]
 
 
-class _CpuEvent:
-    """An event's records: ``recorded`` counts records, ``completed`` the last one run.
+_NEVER_RECORDED: Final = Completion()
+_NEVER_RECORDED()  # an event never recorded counts as complete
 
-    ``completed_at`` is when (``time.perf_counter()``) the last record of a
+
+class _CpuEvent:
+    """An event: the completion of its latest record, and when that record ran.
+
+    ``completed_at`` is when (``time.perf_counter()``) the latest record of a
     timing event ran on its worker thread, for :meth:`CpuBackend.elapsed_seconds`.
+    ``condition`` wakes workers waiting for a record on the device side.
     """
 
-    __slots__ = ("completed", "completed_at", "condition", "recorded", "waiters")
+    __slots__ = ("completed_at", "condition", "latest")
 
     def __init__(self) -> None:
         self.condition = threading.Condition(threading.Lock())
-        self.recorded = 0
-        self.completed = 0
+        self.latest = _NEVER_RECORDED
         self.completed_at = 0.0
-        self.waiters: list[tuple[int, _Completion]] = []
 
 
 class _Worker:
@@ -146,36 +126,23 @@ class _Worker:
 
 
 class _CpuRead(PendingRead):
-    __slots__ = ("_completion_lock", "_data", "_done", "_error", "_registrations")
+    __slots__ = ("_completion", "_data")
 
     def __init__(self) -> None:
-        self._completion_lock = threading.Lock()
-        self._done = False
-        self._error: BaseException | None = None
+        self._completion = Completion()
         self._data: memoryview | None = None
-        self._registrations: list[_Completion] = []
 
     def finish(self, data: memoryview | None, error: BaseException | None) -> None:
-        with self._completion_lock:
-            self._data = data
-            self._error = error
-            self._done = True
-            registrations, self._registrations = self._registrations, []
-        for registration in registrations:
-            registration.fire(error)
+        self._data = data
+        self._completion(error)
 
     def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
-        registration = _Completion(callback)
-        with self._completion_lock:
-            if not self._done:
-                self._registrations.append(registration)
-                return registration
-        registration.fire(self._error)
-        return registration
+        return self._completion.register(callback)
 
     def result(self) -> memoryview:
-        if self._error is not None:
-            raise self._error
+        error = self._completion.error
+        if error is not None:
+            raise error
         if self._data is None:
             raise RuntimeError("the read has not completed")
         return self._data
@@ -214,15 +181,15 @@ class _ReadJob:
 class _StreamMarkJob:
     """A queued point in a stream that fires a completion once the work before it ran."""
 
-    __slots__ = ("_backend", "_registration")
+    __slots__ = ("_backend", "_completion")
 
-    def __init__(self, backend: CpuBackend, registration: _Completion) -> None:
+    def __init__(self, backend: CpuBackend, completion: Completion) -> None:
         self._backend = backend
-        self._registration = registration
+        self._completion = completion
 
     def __call__(self) -> Callable[[], None]:
-        registration, error = self._registration, self._backend._fault
-        return lambda: registration.fire(error)
+        completion, error = self._completion, self._backend._fault
+        return lambda: completion(error)
 
 
 def _machine_id() -> str:
@@ -239,8 +206,10 @@ class CpuBackend(Backend):
 
     kind = "cpu"
 
-    def __init__(self, *, limits: Limits | None = None) -> None:
-        super().__init__(limits=limits)
+    def __init__(
+        self, *, limits: Limits | None = None, wait_policy: WaitPolicy = "balanced"
+    ) -> None:
+        super().__init__(limits=limits, wait_policy=wait_policy)
         self._events: dict[int, _CpuEvent] = {}
         self._workers: dict[int, _Worker] = {}
         default_id = DEFAULT_STREAM_ID
@@ -386,27 +355,18 @@ class CpuBackend(Backend):
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         state: _CpuEvent = event.native
+        record = state.latest = Completion()
         timing = event.timing
-        with state.condition:
-            state.recorded += 1
-            target = state.recorded
 
-        def complete() -> Callable[[], None] | None:
-            now = time.perf_counter() if timing else 0.0
-            with state.condition:
-                if target > state.completed:
-                    state.completed = target
-                    state.completed_at = now
-                state.condition.notify_all()
-                if not state.waiters:
-                    return None
-                due = [waiter for epoch, waiter in state.waiters if epoch <= target]
-                state.waiters = [item for item in state.waiters if item[0] > target]
+        def complete() -> Callable[[], None]:
+            if timing and state.latest is record:
+                state.completed_at = time.perf_counter()
             error = self._fault
 
             def fire() -> None:
-                for waiter in due:
-                    waiter.fire(error)
+                record(error)
+                with state.condition:
+                    state.condition.notify_all()
 
             return fire
 
@@ -414,12 +374,11 @@ class CpuBackend(Backend):
 
     def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
         state: _CpuEvent = event.native
-        with state.condition:
-            target = state.recorded
+        record = state.latest
 
         def wait() -> None:
             with state.condition:
-                while state.completed < target and self._fault is None and not self._closed:
+                while not record.done and self._fault is None and not self._closed:
                     state.condition.wait(timeout=0.5)
 
         self._worker(stream).put(wait)
@@ -468,7 +427,7 @@ class CpuBackend(Backend):
 
     def _query_event(self, event: EventHandle) -> bool:
         state: _CpuEvent = event.native
-        return state.completed >= state.recorded
+        return state.latest.done
 
     def _query_stream(self, stream: StreamHandle) -> bool:
         return self._worker(stream).idle()
@@ -477,19 +436,14 @@ class CpuBackend(Backend):
         self, event: EventHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
         state: _CpuEvent = event.native
-        registration = _Completion(callback)
-        with state.condition:
-            if state.completed < state.recorded:
-                state.waiters.append((state.recorded, registration))
-                return registration
-        registration.fire(None)
-        return registration
+        return state.latest.register(callback)
 
     def _notify_when_stream_complete(
         self, stream: StreamHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
-        registration = _Completion(callback)
-        self._worker(stream).put(_StreamMarkJob(self, registration))
+        completion = Completion()
+        registration = completion.register(callback)
+        self._worker(stream).put(_StreamMarkJob(self, completion))
         return registration
 
     def _destroy(self, obj: DeviceObject) -> None:

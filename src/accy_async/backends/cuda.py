@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import queue
 import struct
 import threading
@@ -38,8 +39,8 @@ import numpy as np
 
 from ..errors import DeviceFault, InvalidArtifact, RuntimeUnavailable, UnsupportedOperation
 from ..plan import ArtifactFormat, ArtifactSpec, BinaryPayload, ScalarArgument, TextPayload
+from ._completion import ALREADY_FIRED, Completion
 from .base import (
-    ALREADY_FIRED,
     DEFAULT_STREAM_ID,
     Anticipation,
     Backend,
@@ -51,18 +52,18 @@ from .base import (
     DeviceObject,
     EventHandle,
     KernelArtifact,
-    Latch,
     Limits,
     LoadedArtifact,
     PendingRead,
     StageLauncher,
     StreamHandle,
     StreamMark,
+    WaitPolicy,
 )
 from .compile_pool import CompilePool, shared_compile_pool
 from .cuda_driver import driver, probe_cuda, translate
 from .cuda_reactor import CompletionReactor
-from .forecast import CompletionForecast
+from .forecast import CostModel, Forecast, Ledger, byte_features
 from .nvrtc import compile_source, nvrtc_version
 
 __all__ = ["CudaBackend", "probe_cuda"]
@@ -84,6 +85,7 @@ class _Kernel:
 
     __slots__ = (
         "argument_count",
+        "cost",
         "formats",
         "function",
         "launcher",
@@ -93,7 +95,9 @@ class _Kernel:
         "slots",
     )
 
-    def __init__(self, module: Any, function: Any, argument_count: int) -> None:
+    def __init__(self, module: Any, function: Any, argument_count: int, cost: CostModel) -> None:
+        self.cost = cost
+        """What the forecast learns of this kernel's length (shared by every load of its image)."""
         self.module = module
         self.function = function
         self.argument_count = argument_count
@@ -190,6 +194,95 @@ class _Janitor:
                 self.failures.append(f"{what}: {translate(result[0], what)}")
 
 
+class _CudaStreamMark(Completion, StreamMark):
+    """A pooled marker event recorded on a stream: a position in the stream's ledger.
+
+    It fires (as a :class:`Completion`) when a query from the loop sees the
+    marker complete, or when the reactor does once someone asked to be
+    called back; either sighting teaches the forecast.
+    """
+
+    __slots__ = (
+        "_backend",
+        "_ledger",
+        "_marker",
+        "_pending_at",
+        "_position",
+        "_stream",
+        "_watched",
+    )
+
+    def __init__(self, backend: CudaBackend, stream: StreamHandle) -> None:
+        super().__init__()
+        marker = backend._marker()
+        (result,) = driver().cuEventRecord(marker, stream.native)
+        if int(result):
+            backend._recycle_marker(marker)
+            backend._raise(result, "recording a marker")
+        ledger = backend._ledger(stream)
+        self._backend = backend
+        self._marker = marker
+        self._stream = stream.native
+        self._ledger = ledger
+        self._position = ledger.position
+        self._pending_at: float | None = None
+        self._watched = False
+
+    @property
+    def backend(self) -> CudaBackend:
+        """The backend whose stream was marked."""
+        return self._backend
+
+    def query(self) -> bool:
+        backend = self._backend
+        if backend._unusable is not None:
+            backend._raise_unusable()
+        if self.done:
+            return True
+        (result,) = driver().cuEventQuery(self._marker)
+        now = time.perf_counter()
+        if result == backend._success:
+            self._ledger.completed(self._position, self._pending_at, now)
+            self(None)
+            return True
+        if result == backend._not_ready:
+            self._pending_at = now
+            return False
+        backend._raise(result, "querying a stream")
+        return False
+
+    def anticipate(self) -> Anticipation | None:
+        if not self._backend.polled_from_loop:
+            return None
+        return self._ledger.anticipate(self._position)
+
+    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
+        self.watch()
+        return self.register(callback)
+
+    def watch(self) -> None:
+        """Have the reactor fire this mark (once, however often it is asked)."""
+        if self._watched or self.done:
+            return
+        self._watched = True
+        self.register(self._sighted)
+        self._backend._reactor.watch(self._marker, self._stream, self)
+
+    def _sighted(self, error: BaseException | None) -> None:
+        """On the reactor's thread: tell the ledger (a late sighting, at best a bracket)."""
+        if error is None:
+            self._ledger.sighted(self._position, self._pending_at, time.perf_counter())
+
+    def release(self) -> None:
+        backend, marker = self._backend, self._marker
+        if backend.closed:
+            return  # the context took the marker with it
+        # Recycle the marker once the device is past it: at once if it was seen complete,
+        # else when the reactor sees it (at once after a fault: it fails every watch then).
+        self.watch()
+        self.register(lambda error: backend._recycle_marker(marker))
+
+
 class _CudaRead(PendingRead):
     """A device-to-host copy into pinned staging memory, followed by a stream mark.
 
@@ -197,7 +290,7 @@ class _CudaRead(PendingRead):
     also when the read is discarded while the copy is still in flight.
     """
 
-    __slots__ = ("_backend", "_capacity", "_done", "_host", "_latch", "_mark", "_size")
+    __slots__ = ("_backend", "_capacity", "_done", "_host", "_mark", "_size")
 
     def __init__(
         self, backend: CudaBackend, host: int, capacity: int, size: int, mark: _CudaStreamMark
@@ -207,21 +300,13 @@ class _CudaRead(PendingRead):
         self._capacity = capacity
         self._size = size
         self._mark = mark
-        self._latch: Latch | None = None
         self._done = False
 
     def stream_mark(self) -> StreamMark:
         return self._mark
 
     def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
-        return self._watched().register(callback)
-
-    def _watched(self) -> Latch:
-        """The latch the reactor fires (one watch per read, however many callbacks)."""
-        if self._latch is None:
-            self._latch = Latch()
-            self._mark.notify_when_complete(self._latch)
-        return self._latch
+        return self._mark.notify_when_complete(callback)
 
     def result(self) -> memoryview:
         data = memoryview(ctypes.string_at(self._host, self._size))
@@ -232,67 +317,33 @@ class _CudaRead(PendingRead):
         if self._done:
             return
         self._done = True
-        backend, host, capacity = self._backend, self._host, self._capacity
-        if self._latch is None and (self._mark.done or backend.fault is not None):
-            backend._staging.give_back(host, capacity)
+        give_back = partial(self._backend._staging.give_back, self._host, self._capacity)
+        mark = self._mark
+        if mark.done or self._backend.fault is not None:
+            give_back()
         else:  # the copy may still be landing there: give the block back once it has
-            self._watched().register(lambda error: backend._staging.give_back(host, capacity))
-        self._mark.release()
+            mark.watch()
+            mark.register(lambda error: give_back())
+        mark.release()
 
 
-class _CudaStreamMark(StreamMark):
-    """A pooled marker event recorded on a stream; the forecast knows it by a negative id."""
+class _Record:
+    """An event's latest record: where it sits in its stream's ledger, and what was seen."""
 
-    __slots__ = ("_backend", "_done", "_id", "_marker", "_stream", "_watched")
+    __slots__ = ("ledger", "pending_at", "position", "seen", "stream", "watched")
 
-    def __init__(self, backend: CudaBackend, stream: StreamHandle) -> None:
-        marker = backend._marker()
-        result = driver().cuEventRecord(marker, stream.native)
-        if int(result[0]):
-            backend._recycle_marker(marker)
-            backend._raise(result[0], "recording a marker")
-        self._backend = backend
-        self._marker = marker
-        self._stream = stream.native
-        self._id = -int(marker)
-        self._done = False
-        self._watched = False
-        backend._forecast.recorded(self._id, int(stream.native), time.perf_counter())
+    def __init__(self, stream: Any, ledger: Ledger) -> None:
+        self.stream = stream
+        self.ledger = ledger
+        self.position = ledger.position
+        self.pending_at: float | None = None
+        self.seen = False
+        self.watched: Completion | None = None
 
-    @property
-    def done(self) -> bool:
-        """Whether a query saw the mark complete."""
-        return self._done
-
-    def query(self) -> bool:
-        backend = self._backend
-        if backend._unusable is not None:
-            backend._raise_unusable()
-        self._done = backend._query_native(self._marker, self._id, "querying a stream")
-        return self._done
-
-    def anticipate(self) -> Anticipation | None:
-        backend = self._backend
-        return backend._forecast.anticipate(self._id) if backend._anticipation else None
-
-    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
-        backend, marker = self._backend, self._marker
-        self._watched = True
-        recycle = partial(backend._recycle_marker, marker)
-        return backend._watch(marker, self._stream, self._id, callback, on_done=recycle)
-
-    def release(self) -> None:
-        backend = self._backend
-        backend._forecast.forget(self._id)
-        if self._watched or backend.closed:
-            return  # the reactor recycles it once it completes; or the context took it
-        if self._done:
-            backend._recycle_marker(self._marker)
-            return
-        # Cancelled while pending: recycle the marker once the device is past it (at once
-        # after a fault: the reactor fails every watch then).
-        recycle = partial(backend._recycle_marker, self._marker)
-        backend._reactor.watch(self._marker, self._stream, lambda error: None, on_done=recycle)
+    def sighted(self, error: BaseException | None) -> None:
+        """On the reactor's thread: tell the ledger (a late sighting, at best a bracket)."""
+        if error is None and not self.seen:
+            self.ledger.sighted(self.position, self.pending_at, time.perf_counter())
 
 
 class CudaBackend(Backend):
@@ -307,11 +358,18 @@ class CudaBackend(Backend):
         limits: Limits | None = None,
         poll_interval: float = 50e-6,
         anticipation: bool = True,
+        wait_policy: WaitPolicy = "balanced",
     ) -> None:
-        super().__init__(limits=limits)
-        self._anticipation = anticipation
+        super().__init__(limits=limits, wait_policy=wait_policy)
+        self.polled_from_loop = anticipation
         self._compile_pool: CompilePool | None = None
-        self._forecast = CompletionForecast()
+        self._forecast = Forecast()
+        self._ledgers: dict[int, Ledger] = {DEFAULT_STREAM_ID: Ledger(self._forecast)}
+        self._records: dict[int, _Record] = {}
+        self._copy_costs = {
+            kind: self._forecast.model(kind, kind, byte_features)
+            for kind in ("copy to the device", "copy to the host", "copy on the device", "fill")
+        }
         d = driver()
         self._check(d.cuInit(0), "initialising the driver")
         self._device = self._value(d.cuDeviceGet(device), f"opening device {device}")
@@ -358,7 +416,6 @@ class CudaBackend(Backend):
         )
         self._marker_pool: list[Any] = []
         self._marker_pool_lock = threading.Lock()
-        self._event_streams: dict[int, Any] = {}
         self._janitor = _Janitor(self._context)
         self._staging = _Staging(self._janitor)
         self._reactor = CompletionReactor(self._context, self.poison, poll_interval=poll_interval)
@@ -404,6 +461,10 @@ class CudaBackend(Backend):
         if isinstance(error, DeviceFault):
             self.poison(error)
         raise error
+
+    def _ledger(self, stream: StreamHandle) -> Ledger:
+        """The forecast's ledger of ``stream``'s work."""
+        return self._ledgers[stream.id]
 
     def _marker(self) -> Any:
         """A pooled event for the backend's own completion markers."""
@@ -487,7 +548,10 @@ class CudaBackend(Backend):
             d.cuMemcpyHtoDAsync(buffer.address + offset, host, size, stream.native),
             "copying to the device",
         )
-        self._after(stream, lambda: self._staging.give_back(host, capacity))
+        self._ledger(stream).enqueue(self._copy_costs["copy to the device"], size)
+        self._notify_when_stream_complete(
+            stream, lambda error: self._staging.give_back(host, capacity)
+        )
 
     def _copy(
         self,
@@ -507,6 +571,7 @@ class CudaBackend(Backend):
             ),
             "copying on the device",
         )
+        self._ledger(stream).enqueue(self._copy_costs["copy on the device"], size)
 
     def _enqueue_read(
         self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
@@ -522,6 +587,7 @@ class CudaBackend(Backend):
         except BaseException:
             self._staging.give_back(host, capacity)
             raise
+        self._ledger(stream).enqueue(self._copy_costs["copy to the host"], size)
         try:
             mark = _CudaStreamMark(self, stream)
         except BaseException:
@@ -542,10 +608,7 @@ class CudaBackend(Backend):
             ),
             "filling a buffer",
         )
-
-    def _after(self, stream: StreamHandle, action: Callable[[], None]) -> None:
-        """Run ``action`` (from the reactor thread) once the stream's work so far is done."""
-        self._notify_when_stream_complete(stream, lambda error: action())
+        self._ledger(stream).enqueue(self._copy_costs["fill"], buffer.byte_size)
 
     # ----- artifacts -----------------------------------------------------------------------
 
@@ -621,15 +684,21 @@ class CudaBackend(Backend):
             if loaded is not None:
                 driver().cuModuleUnload(loaded)
             raise
-        return _Kernel(module, function, artifact.spec.argument_count)
+        image = artifact.image if isinstance(artifact.image, bytes) else bytes(artifact.image)
+        key = (name, hashlib.blake2b(image, digest_size=16).digest())
+        return _Kernel(
+            module, function, artifact.spec.argument_count, self._forecast.model(key, name)
+        )
 
     # ----- streams and events --------------------------------------------------------------
 
     def _create_stream(self, object_id: int) -> Any:
         d = driver()
-        return self._value(
+        native = self._value(
             d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
         )
+        self._ledgers[object_id] = Ledger(self._forecast)
+        return native
 
     def _create_event(self, object_id: int, timing: bool) -> Any:
         d = driver()
@@ -644,21 +713,26 @@ class CudaBackend(Backend):
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         self._check(driver().cuEventRecord(event.native, stream.native), "recording an event")
-        self._event_streams[event.id] = stream.native
-        self._forecast.recorded(event.id, int(stream.native), time.perf_counter())
+        self._records[event.id] = _Record(stream.native, self._ledger(stream))
 
     def anticipate(self, event: EventHandle) -> Anticipation | None:
-        """The record's time plus the duration its stream's recent records took.
+        """When the work before the record should end: its stream's queued work, simulated.
 
-        See :mod:`accy_async.backends.forecast`; ``None`` until a completion on
-        the stream was seen, or with ``anticipation=False``.
+        See :mod:`accy_async.backends.forecast`; ``None`` while a kernel of
+        it was never seen complete, or with ``anticipation=False``.
         """
-        return self._forecast.anticipate(event.id) if self._anticipation else None
+        record = self._records.get(event.id)
+        if record is None or not self.polled_from_loop:
+            return None
+        return record.ledger.anticipate(record.position)
 
     def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
         self._check(
             driver().cuStreamWaitEvent(stream.native, event.native, 0), "waiting for an event"
         )
+        record = self._records.get(event.id)
+        if record is not None:
+            self._ledger(stream).enqueue_wait(record.ledger, record.position)
 
     # ----- launch --------------------------------------------------------------------------
 
@@ -692,18 +766,19 @@ class CudaBackend(Backend):
     # ----- completion ----------------------------------------------------------------------
 
     def _query_event(self, event: EventHandle) -> bool:
-        return self._query_native(event.native, event.id, "querying an event")
-
-    def _query_native(self, native: Any, forecast_id: int, action: str) -> bool:
-        """Query an event, telling the forecast what was seen (``forecast_id``'s record)."""
-        (result,) = driver().cuEventQuery(native)
+        (result,) = driver().cuEventQuery(event.native)
         if result == self._success:
-            self._forecast.completed_seen(forecast_id, time.perf_counter())
+            record = self._records.get(event.id)
+            if record is not None and not record.seen:
+                record.seen = True
+                record.ledger.completed(record.position, record.pending_at, time.perf_counter())
             return True
         if result == self._not_ready:
-            self._forecast.pending_seen(forecast_id, time.perf_counter())
+            record = self._records.get(event.id)
+            if record is not None:
+                record.pending_at = time.perf_counter()
             return False
-        self._raise(result, action)
+        self._raise(result, "querying an event")
         return False
 
     def _query_stream(self, stream: StreamHandle) -> bool:
@@ -718,30 +793,16 @@ class CudaBackend(Backend):
     def _notify_when_complete(
         self, event: EventHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
-        stream = self._event_streams.get(event.id)
-        if stream is None:  # never recorded: complete
+        record = self._records.get(event.id)
+        if record is None:  # never recorded: complete
             callback(None)
             return ALREADY_FIRED
-        return self._watch(event.native, stream, event.id, callback)
-
-    def _watch(
-        self,
-        native: Any,
-        stream: Any,
-        forecast_id: int,
-        callback: CompletionCallback,
-        on_done: Callable[[], None] | None = None,
-    ) -> CompletionRegistration:
-        """Have the reactor call ``callback``, telling the forecast when it saw the record done."""
-        forecast = self._forecast
-        record = forecast.record_of(forecast_id)
-
-        def learn_then_call(error: BaseException | None) -> None:
-            if error is None:
-                forecast.completed_seen(forecast_id, time.perf_counter(), record)
-            callback(error)
-
-        return self._reactor.watch(native, stream, learn_then_call, on_done=on_done)
+        watched = record.watched
+        if watched is None:  # one reactor watch per record, however many wait for it
+            watched = record.watched = Completion()
+            watched.register(record.sighted)
+            self._reactor.watch(event.native, record.stream, watched)
+        return watched.register(callback)
 
     def _mark_stream(self, stream: StreamHandle) -> StreamMark:
         """A pooled marker recorded on ``stream``, watched like an event (anticipated too)."""
@@ -750,11 +811,10 @@ class CudaBackend(Backend):
     def _notify_when_stream_complete(
         self, stream: StreamHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
-        marker = self._marker()
-        self._check(driver().cuEventRecord(marker, stream.native), "recording a marker")
-        return self._reactor.watch(
-            marker, stream.native, callback, on_done=lambda: self._recycle_marker(marker)
-        )
+        mark = _CudaStreamMark(self, stream)
+        registration = mark.notify_when_complete(callback)
+        mark.release()
+        return registration
 
     # ----- destruction ---------------------------------------------------------------------
 
@@ -768,11 +828,10 @@ class CudaBackend(Backend):
             self._janitor.submit(f"unloading {obj!r}", lambda: d.cuModuleUnload(module))
         elif isinstance(obj, EventHandle):
             # Safe while the event is pending: the driver releases it once it completes.
-            self._event_streams.pop(obj.id, None)
-            self._forecast.forget(obj.id)
+            self._records.pop(obj.id, None)
             d.cuEventDestroy(obj.native)
         elif isinstance(obj, StreamHandle):
-            self._forecast.forget_stream(int(obj.native))
+            self._ledgers.pop(obj.id, None)
             d.cuStreamDestroy(obj.native)
 
     async def _drain(self) -> None:
@@ -852,28 +911,36 @@ class _CudaStageLauncher(StageLauncher):
     ) -> None:
         """Enqueue one launch of the bound kernel."""
         kernel = self._kernel
+        state = self._state
         self._pack_for(len(buffers), scalars).pack_into(
-            kernel.slots, 0, *[binding.address for binding in buffers], *self._state[1]
+            kernel.slots, 0, *[binding.address for binding in buffers], *state[1]
         )
         self.launch_prepared(
-            (kernel.params,), grid, block, shared_memory_bytes, stream, wait_events, signal_event
+            (kernel.params, None, None, state[1]),
+            grid,
+            block,
+            shared_memory_bytes,
+            stream,
+            wait_events,
+            signal_event,
         )
 
     def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
-        """Argument storage of its own: packed slots, the ``void*`` array over them, its address."""
+        """Argument storage of its own, and the scalar values (the forecast sizes launches by them).
+
+        A tuple: the ``void*`` array's address, the packed slots, the array, the values.
+        """
         count = max(len(buffers) + len(scalars), 1)
         packer = self._kernel.packer(
             len(buffers), tuple([argument.type_name for argument in scalars])
         )
+        values = tuple([argument.value for argument in scalars])
         slots = ctypes.create_string_buffer(
-            packer.pack(
-                *[binding.address for binding in buffers], *[argument.value for argument in scalars]
-            ),
-            8 * count,
+            packer.pack(*[binding.address for binding in buffers], *values), 8 * count
         )
         base = ctypes.addressof(slots)
         pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
-        return (ctypes.addressof(pointers), slots, pointers)
+        return (ctypes.addressof(pointers), slots, pointers, values)
 
     def launch_prepared(
         self,
@@ -909,6 +976,7 @@ class _CudaStageLauncher(StageLauncher):
         )
         if result:
             backend._raise(result, f"launching {self._name}")
+        backend._ledgers[stream.id].enqueue(self._kernel.cost, (grid, block, prepared[3]))
         if signal_event is not None:
             backend._record(signal_event, stream)
 

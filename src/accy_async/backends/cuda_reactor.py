@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from ..errors import AccyError, DeviceFault
-from .base import ALREADY_FIRED, CompletionCallback, CompletionRegistration
+from ._completion import Completion
 from .cuda_driver import driver, libc, translate
 
 __all__ = ["CompletionReactor"]
@@ -36,37 +36,8 @@ _BATCH: Final = 16
 _PR_SET_TIMERSLACK: Final = 29
 
 
-class _Watch:
-    """One recorded event and the callbacks waiting for it."""
-
-    __slots__ = ("callbacks", "done", "event", "on_done")
-
-    def __init__(self, event: Any, on_done: Callable[[], None] | None) -> None:
-        self.event = event
-        self.callbacks: list[CompletionCallback] = []
-        self.done = False
-        self.on_done = on_done
-
-
-class _Registration(CompletionRegistration):
-    __slots__ = ("_callback", "_lock", "_watch")
-
-    def __init__(self, lock: threading.Lock, watch: _Watch, callback: Any) -> None:
-        self._lock = lock
-        self._watch = watch
-        self._callback = callback
-
-    def cancel(self) -> bool:
-        with self._lock:
-            try:
-                self._watch.callbacks.remove(self._callback)
-            except ValueError:
-                return False
-            return True
-
-
 class CompletionReactor:
-    """Watches CUDA events for one backend and fires their callbacks when they complete.
+    """Watches CUDA events for one backend and fires their completions when they complete.
 
     ``context`` is made current on the reactor's thread; ``on_fault`` is
     called (from that thread) with the :class:`DeviceFault` of a sticky error,
@@ -84,7 +55,7 @@ class CompletionReactor:
         self._context = context
         self._on_fault = on_fault
         self._poll_interval = poll_interval
-        self._pending: dict[int, deque[_Watch]] = {}
+        self._pending: dict[int, deque[tuple[Any, Completion]]] = {}
         self._thread: threading.Thread | None = None
         self._fault: AccyError | None = None
         self._stopping = False
@@ -92,30 +63,20 @@ class CompletionReactor:
 
     # ----- called from the backend's thread ------------------------------------------------
 
-    def watch(
-        self,
-        event: Any,
-        stream: Any,
-        callback: CompletionCallback,
-        *,
-        on_done: Callable[[], None] | None = None,
-    ) -> CompletionRegistration:
-        """Call ``callback`` once ``event``, just recorded on ``stream``, completes.
+    def watch(self, event: Any, stream: Any, completion: Completion) -> None:
+        """Fire ``completion`` once ``event``, just recorded on ``stream``, completes.
 
-        ``on_done`` runs once the event has completed (or failed), whether or
-        not the callback is still registered (the backend returns pooled
-        marker events with it).
+        It fires with ``None``, or with the error that prevents the completion
+        (the device's fault); callers register their callbacks on it.
         """
         key = int(stream)
-        watch = _Watch(event, on_done)
-        watch.callbacks.append(callback)
         with self.lock:
             fault = self._fault
             if fault is None:
                 queue = self._pending.get(key)
                 if queue is None:
                     queue = self._pending[key] = deque()
-                queue.append(watch)
+                queue.append((event, completion))
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._run, name="accy-cuda-reactor", daemon=True
@@ -123,18 +84,14 @@ class CompletionReactor:
                     self._thread.start()
                 self._work.notify_all()
         if fault is not None:
-            callback(fault)
-            if on_done is not None:
-                on_done()
-            return ALREADY_FIRED
-        return _Registration(self.lock, watch, callback)
+            completion(fault)
 
     def fail_all(self, error: AccyError) -> None:
         """Fail every pending watch (and every later one) with ``error``."""
         with self.lock:
             if self._fault is None:
                 self._fault = error
-            pending = [watch for queue in self._pending.values() for watch in queue]
+            pending = [completion for queue in self._pending.values() for _, completion in queue]
             for queue in self._pending.values():
                 queue.clear()
             self._work.notify_all()
@@ -167,13 +124,13 @@ class CompletionReactor:
                 if self._stopping:
                     return
                 queues = list(self._pending.values())
-            completed: list[_Watch] = []
+            completed: list[Completion] = []
             fired = 0
             fault: DeviceFault | None = None
             for queue_of_stream in queues:
                 while queue_of_stream:
-                    watch = queue_of_stream[0]
-                    (result,) = query(watch.event)
+                    event, completion = queue_of_stream[0]
+                    (result,) = query(event)
                     if result == not_ready:
                         break
                     queue_of_stream.popleft()
@@ -181,9 +138,9 @@ class CompletionReactor:
                         error = translate(result, "waiting for an event")
                         if isinstance(error, DeviceFault):
                             fault = error
-                        self._fire([watch], error)
+                        completion(error)
                         continue
-                    completed.append(watch)
+                    completed.append(completion)
                     if len(completed) == _BATCH:
                         # A burst: fire what is done so far and let the event loop take
                         # the GIL before querying on.
@@ -200,16 +157,9 @@ class CompletionReactor:
             elif not fired:
                 sleep(interval)
 
-    def _fire(self, watches: list[_Watch], error: AccyError | None) -> None:
-        for count, watch in enumerate(watches, 1):
+    @staticmethod
+    def _fire(completions: list[Completion], error: AccyError | None) -> None:
+        for count, completion in enumerate(completions, 1):
             if not count % _BATCH:
                 time.sleep(0)  # hand the GIL to the event loop during long bursts (fail_all)
-            with self.lock:
-                if watch.done:
-                    continue
-                watch.done = True
-                callbacks, watch.callbacks = watch.callbacks, []
-            for callback in callbacks:
-                callback(error)
-            if watch.on_done is not None:
-                watch.on_done()
+            completion(error)

@@ -1,112 +1,449 @@
-"""Predicting when recorded events complete, from when earlier ones on the stream did.
+"""Forecasting when device work completes, from what was launched.
 
-A backend tells the forecast when it records an event (:meth:`recorded`), when a
-query found the record still pending (:meth:`pending_seen`) and when a record
-was seen complete (:meth:`completed_seen`); :meth:`anticipate` then predicts the
-next record's completion on the same stream. The duration learned is from the
-record to its completion, so it includes the time the work queued behind
-earlier work on the stream: a stream used the same way each time (the common
-case: a pipeline or graph run again and again) is predicted well.
+Each stream keeps a :class:`Ledger` of the work enqueued on it since the last
+point seen complete: every launch with its kernel's :class:`CostModel` and
+size (grid, scalars), every copy or fill with its byte count, every
+device-side wait with the point it waits for. A mark (an event's record, a
+stream mark) is a position in the ledger, and its forecast is a simulation
+of the ledger.
 
-A completion seen by a poll right after a pending one is a measurement; one
-seen late (by a callback, or by a waiter that woke after it) only bounds the
-duration from above, and the forecast then moves below that bound by a step,
-so the next waiter wakes early enough to measure again.
+Work is simulated in *bursts*: items enqueued one right after another (a
+pipeline's stages and its read, eight launches in a loop) form one burst,
+which starts once the work before it has ended and its first item was
+enqueued, and lasts what its :class:`CostModel` predicts. A burst of one
+item is predicted by its kernel's model; a burst of several by the model of
+that sequence of kernels, whose features are the sums of its items' (so a
+pipeline's length follows its size, eight queued kernels' the sum of their
+lengths), or, until that has been seen, by the sum of its items' models. A
+device-side wait ends no earlier than the forecast of the point it waits
+for. So a stream's finish is the sum of its queued work, and work launched
+while the device is idle starts at its launch.
+
+Models learn from completions seen *narrowly* (a poll found the mark
+pending, the next one done): a burst that started on an idle device and
+ended at the mark took the measured time. A completion seen late (by a
+callback, or by a poll long after the last) only brackets that time, and
+moves a model only when its prediction lies outside the bracket. A model
+predicts ``a + b * x`` for whichever of its features ``x`` (threads
+launched, each scalar, bytes) has fitted its history best, each sample
+weighted by the inverse square of its length so relative errors count
+alike: a kernel whose length follows its size or a scalar is predicted
+after a few completions; one that always takes as long, after one.
+
+All of it runs on the event loop's thread. Completions seen on another
+thread (the CUDA reactor's) are queued with :meth:`Ledger.sighted` and
+folded in on the loop's thread the next time the ledger is used.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NamedTuple
 
-from .base import Anticipation
+__all__ = [
+    "Anticipation",
+    "CostModel",
+    "Forecast",
+    "Ledger",
+    "byte_features",
+    "launch_features",
+]
 
-__all__ = ["CompletionForecast"]
+LAUNCH_LATENCY: Final = 3e-6
+"""From a launch's return to the kernel starting on an idle device (2.4-2.8 µs on an H200)."""
+
+BURST_GAP: Final = 50e-6
+"""Items enqueued within this of the one before belong to its burst."""
 
 MEASURED_WITHIN: Final = 30e-6
-"""A completion bracketed this narrowly (pending, then complete) counts as measured."""
+"""A completion bracketed this narrowly (or within 4% of the burst) counts as a measurement."""
 
-LATE_STEP: Final = 10e-6
-"""The least a late observation moves the expectation below what it saw."""
+FORGET: Final = 0.95
+"""Each sample's weight relative to the next one's: models follow a kernel that changes."""
 
-LEAST_PATIENCE: Final = 50e-6
-"""The least time a waiter watches past the due time before asking for a callback."""
+SMALLEST_COST: Final = 1e-6
+"""Costs are predicted no shorter than this."""
+
+_LEDGER_TRIM_AT: Final = 512
+"""A ledger this long drops the items predicted to have ended long ago."""
+
+_LEDGER_LIMIT: Final = 4096
+"""A ledger never holds more; beyond it the oldest half is forgotten."""
+
+_WAIT_DEPTH: Final = 16
+"""How many device-side waits deep a forecast follows other streams."""
+
+Item = tuple[Any, Any, float]
+"""``(model, arguments, enqueued_at)``; a device-side wait has the model ``None``."""
 
 
-_LATEST: Final = object()
+class Anticipation(NamedTuple):
+    """When a point of a stream should complete: see :meth:`Backend.anticipate`."""
+
+    due: float
+    """The predicted completion, a :func:`time.perf_counter` instant."""
+    spread: float
+    """How far off such predictions have typically been, in seconds."""
 
 
-class CompletionForecast:
-    """Per-stream expected record-to-completion times.
+def launch_features(arguments: Any) -> tuple[float, ...]:
+    """The features of a launch ``(grid, block, scalar values)``: threads, then each scalar."""
+    grid, block, values = arguments
+    threads = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2]
+    return (float(threads), *[abs(float(value)) for value in values])
 
-    Meant for the backend's own thread; :meth:`completed_seen` may also come
-    from a completion thread, with the ``record`` it watched, so that a
-    completion of an older record never counts for a newer one.
+
+def byte_features(arguments: Any) -> tuple[float, ...]:
+    """The features of a copy or fill: its byte count."""
+    return (float(arguments),)
+
+
+class CostModel:
+    """A duration as ``a + b * x`` for the best of a vector of features ``x``.
+
+    ``features`` turns what the ledger stored for a launch (or a burst) into
+    the feature vector. Per feature, a weighted least-squares fit is kept as
+    running sums with forgetting; the feature with the smallest residual
+    predicts. With one sample, or features that never varied, the
+    prediction is the mean.
     """
 
-    __slots__ = ("_expected", "_pending_seen_at", "_recorded_at")
+    __slots__ = ("_best", "_sums", "features", "name", "relative_error", "samples")
+
+    def __init__(self, name: str, features: Callable[[Any], tuple[float, ...]]) -> None:
+        self.name = name
+        self.features = features
+        self.samples = 0
+        self.relative_error = 0.25
+        """A smoothed mean of ``|prediction - actual| / actual``, taken before each sample."""
+        self._sums: list[list[float]] = []
+        self._best: tuple[float, float, int] | None = None  # intercept, slope, feature index
+
+    def predict(self, arguments: Any) -> float | None:
+        """The predicted duration in seconds, or ``None`` before the first sample."""
+        best = self._best
+        if best is None:
+            return None
+        intercept, slope, index = best
+        if slope:
+            features = self.features(arguments)
+            if index < len(features):
+                return max(intercept + slope * features[index], SMALLEST_COST)
+        return max(intercept, SMALLEST_COST)
+
+    def learn(self, arguments: Any, seconds: float) -> None:
+        """Fold in that work with ``arguments`` took ``seconds``."""
+        predicted = self.predict(arguments)
+        if predicted is not None:
+            error = abs(predicted - seconds) / max(seconds, SMALLEST_COST)
+            self.relative_error += (min(error, 4.0) - self.relative_error) / 4
+        features = self.features(arguments)
+        if len(self._sums) != len(features):  # the first sample (or the arity changed)
+            self._sums = [[0.0] * 6 for _ in features]
+        weight = 1.0 / max(seconds, 10e-6) ** 2
+        for sums, x in zip(self._sums, features, strict=True):
+            for slot in range(6):
+                sums[slot] *= FORGET
+            sums[0] += weight
+            sums[1] += weight * x
+            sums[2] += weight * x * x
+            sums[3] += weight * seconds
+            sums[4] += weight * seconds * seconds
+            sums[5] += weight * x * seconds
+        self.samples += 1
+        self._best = self._fit()
+
+    def _fit(self) -> tuple[float, float, int]:
+        best: tuple[float, float, int] | None = None
+        best_residual = math.inf
+        for index, (s0, s1, s2, t1, t2, c) in enumerate(self._sums):
+            mean_x, mean_y = s1 / s0, t1 / s0
+            var_x = s2 / s0 - mean_x * mean_x
+            var_y = max(t2 / s0 - mean_y * mean_y, 0.0)
+            if self.samples < 2 or var_x <= 1e-9 * (mean_x * mean_x + 1e-30):
+                fit, residual = (mean_y, 0.0, index), var_y
+            else:
+                slope = (c / s0 - mean_x * mean_y) / var_x
+                fit = (mean_y - slope * mean_x, slope, index)
+                residual = max(var_y - slope * slope * var_x, 0.0)
+            if residual < best_residual * (1 - 1e-9):
+                best, best_residual = fit, residual
+        assert best is not None
+        return best
+
+    def __repr__(self) -> str:
+        return f"<CostModel {self.name}: {self.samples} samples, fit {self._best}>"
+
+
+def burst_features(burst: Sequence[Item]) -> tuple[float, ...]:
+    """A burst's features: per kernel of the burst (in order), the sums of its items' features."""
+    sums: dict[int, list[float]] = {}
+    for model, arguments, _ in burst:
+        features = model.features(arguments)
+        total = sums.get(id(model))
+        if total is None:
+            sums[id(model)] = list(features)
+        else:
+            for index, value in enumerate(features):
+                total[index] += value
+    return tuple(value for total in sums.values() for value in total)
+
+
+class Forecast:
+    """A backend's cost models: per kernel image, per kind of copy, per burst's sequence.
+
+    A kernel image's model is shared by every load of it.
+    """
+
+    __slots__ = ("_bursts", "_models")
 
     def __init__(self) -> None:
-        self._recorded_at: dict[int, tuple[int, float]] = {}
-        self._pending_seen_at: dict[int, float] = {}
-        self._expected: dict[int, float] = {}
+        self._models: dict[Any, CostModel] = {}
+        self._bursts: dict[tuple[CostModel, ...], CostModel] = {}
 
-    def recorded(self, event_id: int, stream_key: int, at: float) -> None:
-        """``event_id`` was (re-)recorded on the stream ``stream_key`` at ``at``."""
-        self._recorded_at[event_id] = (stream_key, at)
-        self._pending_seen_at.pop(event_id, None)
+    def model(
+        self, key: Any, name: str, features: Callable[[Any], tuple[float, ...]] = launch_features
+    ) -> CostModel:
+        """The model for ``key`` (made on first use)."""
+        model = self._models.get(key)
+        if model is None:
+            model = self._models[key] = CostModel(name, features)
+        return model
 
-    def pending_seen(self, event_id: int, at: float) -> None:
-        """A query at ``at`` found the latest record of ``event_id`` pending."""
-        self._pending_seen_at[event_id] = at
+    def burst_model(self, burst: Sequence[Item], *, make: bool) -> CostModel | None:
+        """The model of a burst's sequence of kernels (made on first use when ``make``)."""
+        key = tuple(model for model, _, _ in burst)
+        model = self._bursts.get(key)
+        if model is None and make:
+            if len(self._bursts) >= 4096:  # a program of endlessly new sequences
+                self._bursts.clear()
+            name = "+".join(each.name for each in key)
+            model = self._bursts[key] = CostModel(name, burst_features)
+        return model
 
-    def record_of(self, event_id: int) -> object:
-        """A token for the latest record of ``event_id``, for :meth:`completed_seen`."""
-        return self._recorded_at.get(event_id)
+    def predict(self, burst: Sequence[Item]) -> tuple[float, float] | None:
+        """A burst's duration from its first item's start, and its spread, if its model knows."""
+        if len(burst) == 1:
+            model, arguments, _ = burst[0]
+        else:
+            model, arguments = self._bursts.get(tuple(item[0] for item in burst)), burst
+            if model is None:
+                return None
+        cost = model.predict(arguments)
+        return None if cost is None else (cost, model.relative_error * cost)
 
-    def completed_seen(self, event_id: int, at: float, record: object = _LATEST) -> None:
-        """The latest record of ``event_id`` (or ``record``, if given) was seen complete at ``at``.
+    def finish(self, burst: Sequence[Item], end: float) -> tuple[float, float] | None:
+        """When a burst ends if the work before it ends at ``end``, and the spread of that.
 
-        Only the first sighting of a record counts.
+        A sequence of kernels never measured as a burst is simulated item by
+        item from its kernels' models. ``None`` if one of them was never measured.
         """
-        recorded = self._recorded_at.get(event_id)
-        if recorded is None or (record is not _LATEST and record is not recorded):
+        predicted = self.predict(burst)
+        if predicted is not None:
+            return max(end, burst[0][2] + LAUNCH_LATENCY) + predicted[0], predicted[1]
+        spread = 0.0
+        for model, arguments, enqueued_at in burst:
+            cost = model.predict(arguments)
+            if cost is None:
+                return None
+            end = max(end, enqueued_at + LAUNCH_LATENCY) + cost
+            spread += max(model.relative_error, 0.25) * cost
+        return end, spread
+
+    def learn(self, burst: Sequence[Item], seconds: float) -> None:
+        """A burst took ``seconds`` (measured)."""
+        if len(burst) == 1:
+            model, arguments, _ = burst[0]
+            model.learn(arguments, seconds)
             return
-        del self._recorded_at[event_id]
-        pending_at = self._pending_seen_at.pop(event_id, None)
-        key, recorded_at = recorded
-        upper = at - recorded_at
-        lower = 0.0 if pending_at is None else max(pending_at - recorded_at, 0.0)
-        expected = self._expected.get(key)
-        if expected is None:
-            expected = upper
-        elif upper - lower <= MEASURED_WITHIN:
-            expected += ((lower + upper) / 2 - expected) / 2
-        elif expected > upper:
-            expected = max(upper - max(LATE_STEP, upper / 20), 0.0)
-        elif expected < lower:
-            expected = lower
-        self._expected[key] = expected
+        model = self.burst_model(burst, make=True)
+        assert model is not None
+        model.learn(burst, seconds)
 
-    def forget(self, event_id: int) -> None:
-        """``event_id`` was destroyed."""
-        self._recorded_at.pop(event_id, None)
-        self._pending_seen_at.pop(event_id, None)
+    def models(self) -> list[CostModel]:
+        """Every model, for diagnostics."""
+        return [*self._models.values(), *self._bursts.values()]
 
-    def forget_stream(self, stream_key: int) -> None:
-        """The stream was destroyed: its key may be reused by an unrelated stream."""
-        self._expected.pop(stream_key, None)
 
-    def anticipate(self, event_id: int) -> Anticipation | None:
-        """When the latest record of ``event_id`` should complete; ``None`` if unknown."""
-        recorded = self._recorded_at.get(event_id)
-        if recorded is None:
-            return None
-        expected = self._expected.get(recorded[0])
-        if expected is None:
-            return None
-        patience = max(expected / 4, LEAST_PATIENCE)
-        return Anticipation(recorded[1] + expected, expected, patience)
+class _Wait(NamedTuple):
+    """A device-side wait in a ledger: the stream waits for ``position`` of ``ledger``."""
 
-    def expected(self, stream_key: int) -> float | None:
-        """The current expectation for a stream, in seconds (for tests and diagnostics)."""
-        return self._expected.get(stream_key)
+    ledger: Ledger
+    position: int
+
+
+class Ledger:
+    """The work enqueued on one stream since the last point seen complete.
+
+    Positions count items from the stream's creation: a mark at position
+    ``p`` completes when the first ``p`` items have.
+    """
+
+    __slots__ = ("first", "forecast", "items", "sightings", "start", "start_known")
+
+    def __init__(self, forecast: Forecast) -> None:
+        self.forecast = forecast
+        self.items: list[Item] = []
+        self.first = 0
+        """The position of ``items[0]``."""
+        self.start = 0.0
+        """The earliest ``items[0]`` can have started: when the work before it ended."""
+        self.start_known = True
+        """Whether ``start`` was measured (or the stream was idle, as a new one is)."""
+        self.sightings: deque[tuple[int, float | None, float]] = deque()
+
+    # ----- the launch path (hot) -----------------------------------------------------------
+
+    def enqueue(self, model: CostModel, arguments: Any) -> None:
+        """Note a launch (or copy, fill) just enqueued; ``model.features(arguments)`` sizes it."""
+        items = self.items
+        items.append((model, arguments, time.perf_counter()))
+        if len(items) >= _LEDGER_TRIM_AT and not len(items) % 256:
+            self._trim()
+
+    def enqueue_wait(self, ledger: Ledger, position: int) -> None:
+        """Note a device-side wait for ``position`` of another stream's ``ledger``."""
+        self.items.append((None, _Wait(ledger, position), time.perf_counter()))
+
+    @property
+    def position(self) -> int:
+        """The position after everything enqueued so far: where a mark made now sits."""
+        return self.first + len(self.items)
+
+    def sighted(self, position: int, pending_at: float | None, seen_at: float) -> None:
+        """Queue a sighting made on another thread; thread-safe (a deque append)."""
+        self.sightings.append((position, pending_at, seen_at))
+
+    # ----- forecasts -----------------------------------------------------------------------
+
+    def anticipate(self, position: int, depth: int = 0) -> Anticipation | None:
+        """When the first ``position`` items should have completed; ``None`` if unknown."""
+        if self.sightings:
+            self._fold_sightings()
+        count = position - self.first
+        if count <= 0:
+            return Anticipation(self.start, 0.0)
+        end, spread = self.start, 0.0
+        for burst in _bursts(self.items[:count]):
+            model, arguments, _ = burst[0]
+            if model is None:
+                if depth >= _WAIT_DEPTH:
+                    return None
+                awaited = arguments.ledger.anticipate(arguments.position, depth + 1)
+                if awaited is None:
+                    return None
+                if awaited.due > end:
+                    end, spread = awaited.due, max(spread, awaited.spread)
+                continue
+            finished = self.forecast.finish(burst, end)
+            if finished is None:
+                return None
+            end, spread = finished[0], spread + finished[1]
+        return Anticipation(end, spread)
+
+    # ----- what was seen -------------------------------------------------------------------
+
+    def completed(self, position: int, pending_at: float | None, seen_at: float) -> None:
+        """The first ``position`` items were seen complete at ``seen_at``.
+
+        ``pending_at`` is when the same point was last seen pending, if it
+        was. Learns from the burst that ended there, then forgets the items.
+        """
+        if self.sightings:
+            self._fold_sightings()
+        count = position - self.first
+        if count <= 0:
+            return
+        items = self.items[:count]
+        bursts = _bursts(items)
+        last = bursts[-1]
+        narrow = False
+        if last[0][0] is not None:
+            begin = self._begin_of(bursts)
+            if begin is not None:
+                narrow = pending_at is not None and seen_at - pending_at <= max(
+                    MEASURED_WITHIN, 0.04 * (seen_at - begin)
+                )
+                lower = 0.0 if pending_at is None else pending_at - begin
+                self._learn(last, lower, seen_at - begin, narrow)
+        del self.items[:count]
+        self.first = position
+        if narrow:
+            assert pending_at is not None
+            self.start, self.start_known = (pending_at + seen_at) / 2, True
+        else:
+            self.start, self.start_known = seen_at, not self.items
+
+    def _begin_of(self, bursts: list[list[Item]]) -> float | None:
+        """When the last burst began, if the device was idle for it (as the models see it)."""
+        first_of_last = bursts[-1][0][2] + LAUNCH_LATENCY
+        if len(bursts) == 1:
+            return max(first_of_last, self.start) if self.start_known else None
+        before = self.anticipate(self.first + sum(len(burst) for burst in bursts[:-1]))
+        if before is not None and before.due <= first_of_last:
+            return first_of_last
+        return None
+
+    def _learn(self, burst: list[Item], lower: float, upper: float, narrow: bool) -> None:
+        forecast = self.forecast
+        if narrow:
+            forecast.learn(burst, (lower + upper) / 2)
+            return
+        # Seen too coarsely to measure: move a model only if it predicts outside the bracket.
+        finished = forecast.finish(burst, 0.0)
+        target = (lower + upper) / 2 if lower > 0 else upper
+        if finished is None or not lower <= finished[0] - burst[0][2] - LAUNCH_LATENCY <= upper:
+            forecast.learn(burst, target)
+
+    def _fold_sightings(self) -> None:
+        sightings = self.sightings
+        while sightings:
+            position, pending_at, seen_at = sightings.popleft()
+            self.completed(position, pending_at, seen_at)
+
+    def _trim(self) -> None:
+        """Drop what is predicted to have ended over a millisecond ago (or the oldest half)."""
+        now = time.perf_counter()
+        end = self.start
+        keep_from = 0
+        for burst in _bursts(self.items):
+            finished = None if burst[0][0] is None else self.forecast.finish(burst, end)
+            if finished is None:
+                break
+            end = finished[0]
+            if end >= now - 1e-3:
+                break
+            keep_from += len(burst)
+        if keep_from == 0 and len(self.items) >= _LEDGER_LIMIT:
+            keep_from, end = len(self.items) // 2, now
+        if keep_from:
+            del self.items[:keep_from]
+            self.first += keep_from
+            self.start, self.start_known = end, False
+
+
+def _bursts(items: Sequence[Item]) -> list[list[Item]]:
+    """Group items enqueued right after one another; each device-side wait stands alone."""
+    bursts: list[list[Item]] = []
+    current: list[Item] = []
+    last_enqueued = -math.inf
+    for item in items:
+        model, _, enqueued_at = item
+        if model is None:
+            if current:
+                bursts.append(current)
+                current = []
+            bursts.append([item])
+            last_enqueued = -math.inf
+            continue
+        if current and enqueued_at - last_enqueued > BURST_GAP:
+            bursts.append(current)
+            current = []
+        current.append(item)
+        last_enqueued = enqueued_at
+    if current:
+        bursts.append(current)
+    return bursts

@@ -20,7 +20,6 @@ fail something. A stream with nothing pending is idle.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,8 +34,8 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, ScalarArgument
+from ._completion import Completion
 from .base import (
-    ALREADY_FIRED,
     DEFAULT_STREAM_ID,
     Backend,
     BufferBinding,
@@ -51,6 +50,7 @@ from .base import (
     LoadedArtifact,
     PendingRead,
     StreamHandle,
+    WaitPolicy,
 )
 
 __all__ = ["FAULT_ERRORS", "FaultKind", "RecordedLaunch", "RecordingBackend", "fault_error"]
@@ -138,32 +138,14 @@ class _Fault:
     fired: int = 0
 
 
-class _Pending:
-    """Something that completes: an event's record or a stream marker."""
+class _Pending(Completion):
+    """Something that completes: an event's record or a stream marker; and when it did."""
 
-    __slots__ = ("callbacks", "completed_at", "done")
+    __slots__ = ("completed_at",)
 
     def __init__(self) -> None:
-        self.done = False
+        super().__init__()
         self.completed_at = 0.0
-        self.callbacks: list[CompletionCallback] = []
-
-
-class _Registration(CompletionRegistration):
-    __slots__ = ("_callback", "_lock", "_pending")
-
-    def __init__(self, lock: threading.Lock, pending: _Pending, callback: Any) -> None:
-        self._lock = lock
-        self._pending = pending
-        self._callback = callback
-
-    def cancel(self) -> bool:
-        with self._lock:
-            try:
-                self._pending.callbacks.remove(self._callback)
-            except ValueError:
-                return False
-            return True
 
 
 class _RecordingRead(PendingRead):
@@ -175,7 +157,7 @@ class _RecordingRead(PendingRead):
         self._data = data
 
     def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
-        return self._backend._notify(self._pending, callback)
+        return self._pending.register(callback)
 
     def result(self) -> memoryview:
         return memoryview(self._data)
@@ -210,12 +192,12 @@ class RecordingBackend(Backend):
         fail_after: Mapping[FaultKind, int] | None = None,
         completion: Literal["immediate", "manual"] = "immediate",
         limits: Limits | None = None,
+        wait_policy: WaitPolicy = "balanced",
     ) -> None:
-        super().__init__(limits=limits)
+        super().__init__(limits=limits, wait_policy=wait_policy)
         self._formats = frozenset(formats)
         self._preferred = tuple(formats)
         self._completion = completion
-        self._lock = threading.Lock()
         self._faults: dict[FaultKind, _Fault] = {}
         for kind, after in (fail_after or {}).items():
             self.inject_fault(kind, after=after, repeat=True)
@@ -342,23 +324,11 @@ class RecordingBackend(Backend):
         for pending in items:
             self._finish(pending)
 
-    def _finish(self, pending: _Pending) -> None:
-        with self._lock:
-            if pending.done:
-                return
-            pending.done = True
+    @staticmethod
+    def _finish(pending: _Pending) -> None:
+        if not pending.done:
             pending.completed_at = time.perf_counter()
-            callbacks, pending.callbacks = pending.callbacks, []
-        for callback in callbacks:
-            callback(None)
-
-    def _notify(self, pending: _Pending, callback: CompletionCallback) -> CompletionRegistration:
-        with self._lock:
-            if not pending.done:
-                pending.callbacks.append(callback)
-                return _Registration(self._lock, pending, callback)
-        callback(None)
-        return ALREADY_FIRED
+            pending(None)
 
     def _enqueue(self, stream: StreamHandle, pending: _Pending) -> None:
         if self._completion == "immediate":
@@ -459,8 +429,8 @@ class RecordingBackend(Backend):
     def _create_event(self, object_id: int, timing: bool) -> Any:
         self._maybe_fail("event")
         self._succeeded("event")
-        self._events[object_id] = _Pending()
-        self._events[object_id].done = True
+        never_recorded = self._events[object_id] = _Pending()
+        never_recorded(None)  # counts as complete
         return None
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
@@ -524,7 +494,7 @@ class RecordingBackend(Backend):
     def _notify_when_complete(
         self, event: EventHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
-        return self._notify(self._events[event.id], callback)
+        return self._events[event.id].register(callback)
 
     def _notify_when_stream_complete(
         self, stream: StreamHandle, callback: CompletionCallback
@@ -533,8 +503,8 @@ class RecordingBackend(Backend):
         if self._unfinished.get(stream.id):
             self._enqueue(stream, pending)
         else:  # nothing queued there: the stream is already idle
-            pending.done = True
-        return self._notify(pending, callback)
+            pending(None)
+        return pending.register(callback)
 
     def _destroy(self, obj: DeviceObject) -> None:
         self._maybe_fail("destroy")
@@ -558,10 +528,4 @@ class RecordingBackend(Backend):
             pendings.extend(items)
         self._unfinished = {stream_id: [] for stream_id in self._unfinished}
         for pending in pendings:
-            with self._lock:
-                if pending.done:
-                    continue
-                pending.done = True
-                callbacks, pending.callbacks = pending.callbacks, []
-            for callback in callbacks:
-                callback(fault)
+            pending(fault)

@@ -23,18 +23,16 @@ offset), so the latencies include no launch time.
 import argparse
 import gc
 import json
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from ..backends.cuda_driver import driver
 from .latency import run_latency
 from .launch import launch_accy, launch_anchors
-from .rig import Rig, ok
+from .provenance import describe_run
+from .rig import Rig
 
 __all__ = ["Rig", "main", "markdown", "run_benchmarks"]
 
@@ -48,14 +46,7 @@ def run_benchmarks(
     """Run every measurement; return the results as plain data."""
     rig = Rig()
     try:
-        result: dict[str, Any] = {
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "device": _device_name(rig),
-            "versions": _versions(),
-            "clock_offset_ns": rig.calibrate(),
-        }
+        result: dict[str, Any] = {**describe_run(rig), "clock_offset_ns": rig.calibrate()}
         result["launch_us"] = launch_anchors(rig, repeat)
         result["launch_us"].update(anyio.run(launch_accy, repeat))
         result["latency"] = {}
@@ -78,46 +69,15 @@ def run_benchmarks(
         rig.close()
 
 
-def _device_name(rig: Rig) -> str:
-    d = driver()
-    raw = ok(d.cuDeviceGetName(256, rig.device), "name")
-    name = raw.split(b"\0", 1)[0].decode()
-    return f"{name} (sm_{rig.cc[0]}{rig.cc[1]})"
-
-
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    d = driver()
-    versions = {"driver": str(ok(d.cuDriverGetVersion(), "driver version"))}
-    for name in (
-        "cuda-bindings",
-        "cuda-core",
-        "anyio",
-        "msgspec",
-        "numpy",
-        "trio",
-        "uvloop",
-        "cupy-cuda13x",
-        "torch",
-    ):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    from ..backends.nvrtc import nvrtc_version
-
-    versions["nvrtc"] = ".".join(map(str, nvrtc_version()))
-    return versions
-
-
 def markdown(result: dict[str, Any]) -> str:
     """The results as Markdown tables."""
     anchor = result["launch_us"].get("cuLaunchKernel, pre-packed void* array")
     lines = [
         f"# accy-async on {result['device']}",
         "",
-        f"{result['date']}; Python {result['python']}; "
+        f"{result['date']}; commit {result['git']['commit']}"
+        + (" (with uncommitted changes)" if result["git"]["dirty"] else "")
+        + f"; Python {result['python']}; "
         + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         "",
         "## Launch cost (host µs per launch, median of batches of 256)",
@@ -163,14 +123,27 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmarks and write ``bench.json`` and ``bench.md`` to ``--out``."""
-    parser = argparse.ArgumentParser(prog="accy-async bench", description=__doc__.splitlines()[0])
+    """Run the benchmarks and write ``bench.json`` and ``bench.md`` to ``--out``.
+
+    ``accy-async bench workload ...`` runs the application workloads instead
+    (:mod:`accy_async.bench.workload`).
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["workload"]:
+        from .workload import main as workload_main
+
+        return workload_main(arguments[1:])
+    parser = argparse.ArgumentParser(
+        prog="accy-async bench",
+        description=__doc__.splitlines()[0],
+        epilog="accy-async bench workload --help: the application workloads (another run).",
+    )
     parser.add_argument("--out", default=".", help="folder for bench.json and bench.md")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--trials-short", type=int, default=200)
     parser.add_argument("--trials-long", type=int, default=60)
     parser.add_argument("--libraries", nargs="+", default=["asyncio", "uvloop", "trio"])
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     result = run_benchmarks(args.repeat, args.trials_short, args.trials_long, tuple(args.libraries))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

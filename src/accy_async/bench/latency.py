@@ -39,9 +39,8 @@ async def _trials(
     trials: int,
     launch_and_wait: Callable[[], Awaitable[None]],
 ) -> dict[str, Any]:
-    from ..alarms import alarm_clock
+    from .._loops import sleep_until
 
-    clock = alarm_clock()
     heartbeat = Heartbeat()
     latencies = []
     cpu = wall = 0.0
@@ -57,7 +56,7 @@ async def _trials(
             latencies.append(rig.latency_us(resumed))
             # The gap between trials sleeps on the precise clock: a 0.5 ms loop timer would
             # be rounded up to the selector's millisecond and hold the heartbeat up with it.
-            await clock.sleep_until(time.perf_counter() + 0.0005)
+            await sleep_until(time.perf_counter() + 0.0005)
         group.cancel_scope.cancel()
     latencies.sort()
     return {

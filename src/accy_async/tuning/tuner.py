@@ -29,6 +29,7 @@ from typing import Final
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 
@@ -186,6 +187,7 @@ class Tuner:
         wait for it. Raises :class:`DeviceFault` if the device faults, and
         :class:`PlanError` for a problem that does not validate.
         """
+        await anyio.lowlevel.checkpoint()
         validate_plan(problem)
         key = self.key(problem)
         if self.cache is not None:
@@ -216,6 +218,7 @@ class Tuner:
         self, problems: Sequence[TuningProblem], *, budget: float | None = None
     ) -> list[TuningResult]:
         """Tune every problem, concurrently (one after another if not ``concurrent``)."""
+        await anyio.lowlevel.checkpoint()
         results: list[TuningResult | None] = [None] * len(problems)
         if not self.concurrent:
             for index, problem in enumerate(problems):

@@ -1,25 +1,21 @@
-"""Waking a task at a precise instant, from its own event loop's thread.
+"""Alarm clocks: callbacks at precise :func:`time.perf_counter` instants.
 
-:func:`accy_async.waiting.wait_event` sleeps until shortly before a kernel is
-due to finish and then watches it from the event loop. That needs a sleep far
-finer than the loops' own timers (``epoll_wait`` takes milliseconds), and a
-wake-up that does not come from another thread: on virtual machines a thread
-that wakes a sleeping loop pays an inter-processor interrupt through the
-hypervisor, tens to hundreds of microseconds (``benchmarks/results/``).
+The event loops' own timers are millisecond-grained (``epoll_wait`` takes
+milliseconds), and on virtual machines a thread that wakes a sleeping loop
+pays an inter-processor interrupt through the hypervisor, tens to hundreds of
+microseconds. So on Linux every event loop gets a :class:`TimerfdClock`: one
+``timerfd`` on ``CLOCK_MONOTONIC`` (the clock of ``perf_counter``) with
+nanosecond deadlines, watched by the loop's own selector (the loop modules
+wire it: ``add_reader`` on asyncio, a system task on trio), so alarms fire on
+the loop's thread. Elsewhere one shared :class:`ThreadClock` fires them from
+a thread with its timer slack cut to a nanosecond.
 
-On Linux every event loop therefore gets one ``timerfd`` (nanosecond deadlines
-on ``CLOCK_MONOTONIC``, the clock of :func:`time.perf_counter`) that the
-loop's own selector watches: asyncio and uvloop through ``add_reader``, trio
-through a system task in ``wait_readable``. Elsewhere one shared thread with a
-fine timer slack fires the alarms and wakes the loop the usual way.
-
-Each clock learns how late its alarms land (:attr:`AlarmClock.margin`), so a
-caller can ask to be woken that much early.
+Each clock learns how late its wake-ups land (:attr:`AlarmClock.margin`), so
+a caller can ask to be woken that much early.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import heapq
@@ -28,15 +24,19 @@ import os
 import sys
 import threading
 import time
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from functools import partial
 from typing import Any, Final
 
-import sniffio
-
-__all__ = ["Alarm", "AlarmClock", "alarm_clock"]
+__all__ = [
+    "Alarm",
+    "AlarmClock",
+    "Callback",
+    "ThreadClock",
+    "TimerfdClock",
+    "shared_thread_clock",
+    "timerfd_usable",
+]
 
 Callback = Callable[[], None]
 
@@ -71,13 +71,15 @@ class AlarmClock(ABC):
         """Call ``callback`` at ``when`` (at once if it has passed).
 
         Call this from the event loop's thread. Where the callback runs
-        depends on the clock: on the loop's thread for the timerfd clocks, on
-        the clock's own thread otherwise; it must be cheap and thread-safe.
+        depends on the clock: on the loop's thread for :class:`TimerfdClock`,
+        on the clock's own thread for :class:`ThreadClock`; it must be cheap
+        and thread-safe.
         """
 
-    @abstractmethod
-    async def sleep_until(self, when: float) -> None:
-        """Sleep until ``when``; call it from the loop this clock belongs to."""
+    @property
+    def fires_on_loop_thread(self) -> bool:
+        """Whether callbacks run on the event loop's own thread."""
+        return False
 
     @property
     def margin(self) -> float:
@@ -101,10 +103,10 @@ class AlarmClock(ABC):
         self._late_deviation *= 0.97
 
 
-# ----- the timerfd clocks -----------------------------------------------------------------
+# ----- the timerfd clock ------------------------------------------------------------------
 
 
-class _Timerfd:
+class Timerfd:
     """A non-blocking ``CLOCK_MONOTONIC`` timerfd armed at absolute deadlines."""
 
     def __init__(self) -> None:
@@ -135,6 +137,7 @@ class _Timerfd:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
     def clear(self) -> None:
+        """Consume the expiry so the descriptor is no longer readable."""
         with contextlib.suppress(BlockingIOError):
             os.read(self.fd, 8)
 
@@ -161,34 +164,45 @@ def _libc() -> Any:
     return _libc_instance
 
 
-def _timerfd_usable() -> bool:
+def timerfd_usable() -> bool:
+    """Whether a timerfd shares :func:`time.perf_counter`'s clock here (Linux)."""
     return (
         sys.platform == "linux"
         and time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
     )
 
 
-class _TimerfdClock(AlarmClock):
-    """Alarms of one event loop, fired on its thread when its timerfd becomes readable."""
+class TimerfdClock(AlarmClock):
+    """Alarms of one event loop, fired on its thread when its timerfd becomes readable.
 
-    def __init__(self, timer: _Timerfd) -> None:
+    The loop watches :attr:`timer`'s descriptor and calls :meth:`fire_due`
+    when it is readable; whoever wires it closes the descriptor.
+    """
+
+    def __init__(self) -> None:
         super().__init__()
-        self._timer = timer
+        self.timer = Timerfd()
         self._heap: list[tuple[float, int, Alarm]] = []
         self._sequence = itertools.count()
         self._armed_for: float | None = None
 
+    @property
+    def fires_on_loop_thread(self) -> bool:
+        """Always: the loop's own selector reports the timerfd."""
+        return True
+
     def schedule(self, when: float, callback: Callback) -> Alarm:
+        """Call ``callback`` on the loop's thread at ``when``."""
         alarm = Alarm(callback)
         heapq.heappush(self._heap, (when, next(self._sequence), alarm))
         if self._armed_for is None or when < self._armed_for:
             self._armed_for = when
-            self._timer.arm(when)
+            self.timer.arm(when)
         return alarm
 
     def fire_due(self) -> None:
         """The timerfd is readable: run every alarm that is due and re-arm for the next."""
-        self._timer.clear()
+        self.timer.clear()
         self._armed_for = None
         heap = self._heap
         now = time.perf_counter()
@@ -197,75 +211,16 @@ class _TimerfdClock(AlarmClock):
             due.append(heapq.heappop(heap)[2])
         if heap:  # re-armed first: a failing callback cannot strand the later alarms
             self._armed_for = heap[0][0]
-            self._timer.arm(self._armed_for)
+            self.timer.arm(self._armed_for)
         for alarm in due:
             if not alarm.cancelled:
                 alarm.callback()
 
 
-class _AsyncioTimerfdClock(_TimerfdClock):
-    """Holds no reference to its loop: the loop's finalizer closes the timerfd."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        timer = _Timerfd()
-        super().__init__(timer)
-        self.close = weakref.finalize(loop, os.close, timer.fd)
-        try:
-            loop.add_reader(timer.fd, self.fire_due)
-        except BaseException:
-            self.close()
-            raise
-
-    async def sleep_until(self, when: float) -> None:
-        future = asyncio.get_running_loop().create_future()
-        alarm = self.schedule(when, partial(_set_result, future))
-        try:
-            await future
-        finally:
-            alarm.cancel()
-
-
-def _set_result(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class _TrioTimerfdClock(_TimerfdClock):
-    def __init__(self) -> None:
-        import trio
-
-        timer = _Timerfd()
-        super().__init__(timer)
-        trio.lowlevel.spawn_system_task(self._serve, name="accy_async.alarms")
-
-    async def sleep_until(self, when: float) -> None:
-        import trio
-
-        task = trio.lowlevel.current_task()
-        alarm = self.schedule(when, partial(trio.lowlevel.reschedule, task))
-
-        def abort(raise_cancel: Any) -> Any:
-            del raise_cancel
-            alarm.cancel()  # the alarm fires on this thread: it cannot be running now
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
-
-    async def _serve(self) -> None:
-        import trio
-
-        try:
-            while True:
-                await trio.lowlevel.wait_readable(self._timer.fd)
-                self.fire_due()
-        finally:
-            os.close(self._timer.fd)
-
-
 # ----- the thread clock (anywhere) --------------------------------------------------------
 
 
-class _ThreadClock(AlarmClock):
+class ThreadClock(AlarmClock):
     """One thread for all loops; its timer slack is cut to a nanosecond on Linux."""
 
     def __init__(self) -> None:
@@ -277,21 +232,12 @@ class _ThreadClock(AlarmClock):
         self._thread.start()
 
     def schedule(self, when: float, callback: Callback) -> Alarm:
+        """Call ``callback`` on the clock's thread at ``when``."""
         alarm = Alarm(callback)
         with self._condition:
             heapq.heappush(self._heap, (when, next(self._sequence), alarm))
             self._condition.notify()
         return alarm
-
-    async def sleep_until(self, when: float) -> None:
-        from .waiting import CompletionLatch  # the thread-safe way to wake a task
-
-        woken = CompletionLatch()
-        alarm = self.schedule(when, partial(woken, None))
-        try:
-            await woken.wait()
-        finally:
-            alarm.cancel()
 
     def _run(self) -> None:
         if sys.platform == "linux":
@@ -310,61 +256,14 @@ class _ThreadClock(AlarmClock):
                 alarm.callback()
 
 
-_thread_clock: _ThreadClock | None = None
+_thread_clock: ThreadClock | None = None
 _thread_clock_lock = threading.Lock()
 
 
-def _shared_thread_clock() -> _ThreadClock:
+def shared_thread_clock() -> ThreadClock:
+    """The one :class:`ThreadClock` of the process (started on first use)."""
     global _thread_clock
     with _thread_clock_lock:
         if _thread_clock is None:
-            _thread_clock = _ThreadClock()
+            _thread_clock = ThreadClock()
         return _thread_clock
-
-
-# ----- one clock per loop -----------------------------------------------------------------
-
-_asyncio_clocks: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AlarmClock]] = (
-    weakref.WeakKeyDictionary()
-)
-_trio_clock_var: Any = None
-
-
-def alarm_clock() -> AlarmClock:
-    """The alarm clock of the running event loop (created on first use).
-
-    Call it from inside the loop. A closed loop's timerfd is closed when the
-    loop is collected, or when the next loop asks for a clock.
-    """
-    if sniffio.current_async_library() == "trio":
-        return _trio_clock()
-    loop = asyncio.get_running_loop()
-    clock = _asyncio_clocks.get(loop)
-    if clock is None:
-        for other, old in list(_asyncio_clocks.items()):
-            if other.is_closed() and isinstance(old, _AsyncioTimerfdClock):
-                old.close()
-                del _asyncio_clocks[other]
-        clock = _shared_thread_clock()
-        if _timerfd_usable():
-            with contextlib.suppress(OSError, NotImplementedError):
-                clock = _AsyncioTimerfdClock(loop)
-        _asyncio_clocks[loop] = clock
-    return clock
-
-
-def _trio_clock() -> AlarmClock:
-    import trio
-
-    global _trio_clock_var
-    if _trio_clock_var is None:
-        _trio_clock_var = trio.lowlevel.RunVar("accy_async_alarm_clock")
-    try:
-        clock: AlarmClock = _trio_clock_var.get()
-    except LookupError:
-        clock = _shared_thread_clock()
-        if _timerfd_usable():
-            with contextlib.suppress(OSError):
-                clock = _TrioTimerfdClock()
-        _trio_clock_var.set(clock)
-    return clock

@@ -1,0 +1,74 @@
+"""The loop layer: how completions, alarms and checkpoints reach a task on each event loop.
+
+Internal. Everything above it (:mod:`accy_async.waiting` and the launchers)
+is written once against :class:`Loop`; the asyncio (uvloop too) and trio
+specifics live in ``_asyncio`` and ``_trio``, the precise clocks in
+``_clock``. :func:`current` finds the running loop's state without sniffio:
+an asyncio loop is running on this thread, or a trio run is.
+"""
+
+from __future__ import annotations
+
+import sys
+from asyncio import _get_running_loop
+from collections.abc import Awaitable
+from typing import Literal
+
+from ._asyncio import YIELD, current_asyncio_loop
+from ._base import Loop, Register, fresh_error
+from ._clock import AlarmClock
+
+__all__ = [
+    "AlarmClock",
+    "Loop",
+    "Register",
+    "checkpoint",
+    "current",
+    "fresh_error",
+    "library",
+    "sleep_until",
+]
+
+
+def current() -> Loop:
+    """The library's state for the event loop running on this thread (made on first use).
+
+    Raises :class:`RuntimeError` outside an asyncio or trio event loop.
+    """
+    loop = _get_running_loop()
+    if loop is not None:
+        return current_asyncio_loop(loop)
+    library()  # raises outside a loop
+    from ._trio import current_trio_loop
+
+    return current_trio_loop()
+
+
+def library() -> Literal["asyncio", "trio"]:
+    """Which event loop library runs on this thread (uvloop counts as asyncio)."""
+    if _get_running_loop() is not None:
+        return "asyncio"
+    trio = sys.modules.get("trio")
+    if trio is not None and trio.lowlevel.in_trio_run():
+        return "trio"
+    raise RuntimeError("accy-async's awaitables need a running asyncio or trio event loop")
+
+
+def checkpoint() -> Awaitable[None]:
+    """The cheapest checkpoint of the running loop: it yields and raises a pending cancellation.
+
+    What every public async function of the library awaits at least once,
+    so a task looping over work that is already done never starves its loop.
+    """
+    if _get_running_loop() is not None:
+        return YIELD
+    return current().checkpoint()
+
+
+async def sleep_until(when: float) -> None:
+    """Sleep until the :func:`time.perf_counter` instant ``when``, on the loop's precise clock.
+
+    asyncio and trio round sub-millisecond timers up to their selector's
+    millisecond; this clock does not.
+    """
+    await current().sleep_until(when)

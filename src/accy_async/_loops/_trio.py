@@ -1,0 +1,177 @@
+"""The trio side of the loop layer.
+
+A parked task is rescheduled directly when its completion fires on the run's
+thread, and through the run's :class:`_Bridge` (one ``run_sync_soon`` per
+batch) when it fires elsewhere. The run's alarm clock is a timerfd that a
+system task waits on with ``wait_readable``; it is closed when the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Coroutine
+from functools import partial
+from typing import Any, Final
+
+import trio
+
+from ._base import Loop, Register, fresh_error
+from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usable
+
+__all__ = ["TrioLoop", "current_trio_loop"]
+
+WAKE_CHUNK: Final = 64
+"""Most waiters one wake-up resumes; a larger burst is spread over loop iterations."""
+
+
+class _Waiter:
+    """One parked trio task; calling it delivers its completion through the run's bridge."""
+
+    __slots__ = ("bridge", "outcome", "suspended", "task")
+
+    def __init__(self, bridge: _Bridge, task: Any) -> None:
+        self.bridge = bridge
+        self.task = task
+        self.suspended = False
+        self.outcome: Any = None
+
+    def __call__(self, error: BaseException | None) -> None:
+        self.bridge.deliver(self, error)
+
+
+class _Bridge:
+    """Delivers completions to one trio run, one ``run_sync_soon`` per batch."""
+
+    __slots__ = ("_batch", "_lock", "_scheduled", "_thread_id", "_token")
+
+    def __init__(self, token: Any) -> None:
+        self._token = token
+        self._thread_id = threading.get_ident()
+        self._lock = threading.Lock()
+        self._batch: list[tuple[_Waiter, BaseException | None]] = []
+        self._scheduled = False
+
+    def deliver(self, waiter: _Waiter, error: BaseException | None) -> None:
+        if threading.get_ident() == self._thread_id:
+            _wake(waiter, error)
+            return
+        with self._lock:
+            self._batch.append((waiter, error))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(trio.RunFinishedError):  # nobody waits any more
+            self._token.run_sync_soon(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._batch = self._batch[:WAKE_CHUNK], self._batch[WAKE_CHUNK:]
+            more = bool(self._batch)
+            self._scheduled = more
+        for waiter, error in batch:
+            _wake(waiter, error)
+        if more:  # let timers and other tasks run between chunks of a large burst
+            self._token.run_sync_soon(self._drain)
+
+
+def _wake(waiter: _Waiter, error: BaseException | None) -> None:
+    import outcome
+
+    result = outcome.Value(None) if error is None else outcome.Error(fresh_error(error))
+    if waiter.suspended:
+        waiter.suspended = False
+        trio.lowlevel.reschedule(waiter.task, result)
+    else:
+        waiter.outcome = result
+
+
+class TrioLoop(Loop):
+    """The library's state for one trio run."""
+
+    __slots__ = ("_bridge", "_clock")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bridge = _Bridge(trio.lowlevel.current_trio_token())
+        self._clock: AlarmClock | None = None
+
+    @property
+    def clock(self) -> AlarmClock:
+        """The run's timerfd clock, served by a system task started on first use."""
+        clock = self._clock
+        if clock is None:
+            clock = shared_thread_clock()
+            if timerfd_usable():
+                with contextlib.suppress(OSError):
+                    timerfd_clock = TimerfdClock()
+                    trio.lowlevel.spawn_system_task(
+                        _serve, timerfd_clock, name="accy_async.alarm_clock"
+                    )
+                    clock = timerfd_clock
+            self._clock = clock
+        return clock
+
+    def checkpoint(self) -> Coroutine[Any, Any, None]:
+        """``trio.lowlevel.checkpoint()``."""
+        return trio.lowlevel.checkpoint()  # noqa: ASYNC105 - awaited by the caller
+
+    def wait(self, register: Register) -> Coroutine[Any, Any, None]:
+        """Await the callback ``register`` hands to a backend (see :meth:`Loop.wait`)."""
+        return _wait(self._bridge, register)
+
+    async def sleep_until(self, when: float) -> None:
+        """Sleep on the run's clock until ``when``."""
+        waiter = _Waiter(self._bridge, trio.lowlevel.current_task())
+        waiter.suspended = True
+        alarm = self.clock.schedule(when, partial(waiter, None))
+
+        def abort(raise_cancel: Any) -> Any:
+            del raise_cancel
+            alarm.cancel()  # a thread clock's late delivery then finds the task not suspended
+            waiter.suspended = False
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+async def _serve(clock: TimerfdClock) -> None:
+    try:
+        while True:
+            await trio.lowlevel.wait_readable(clock.timer.fd)
+            clock.fire_due()
+    finally:
+        os.close(clock.timer.fd)
+
+
+async def _wait(bridge: _Bridge, register: Register) -> None:
+    waiter = _Waiter(bridge, trio.lowlevel.current_task())
+    registration = register(waiter)
+    if waiter.outcome is not None:  # completed inside register(), on this thread
+        await trio.lowlevel.checkpoint()
+        waiter.outcome.unwrap()
+        return
+    waiter.suspended = True
+
+    def abort(raise_cancel: Any) -> Any:
+        del raise_cancel
+        if registration.cancel():
+            waiter.suspended = False
+            return trio.lowlevel.Abort.SUCCEEDED
+        return trio.lowlevel.Abort.FAILED
+
+    await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+_state_var: Final = trio.lowlevel.RunVar[TrioLoop]("accy_async_loop")
+
+
+def current_trio_loop() -> TrioLoop:
+    """The state of the running trio run (created on first use)."""
+    try:
+        return _state_var.get()
+    except LookupError:
+        state = TrioLoop()
+        _state_var.set(state)
+        return state

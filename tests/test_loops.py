@@ -1,0 +1,254 @@
+"""The loop layer: precise alarms, the checkpoint, callback waits, on asyncio, uvloop and trio."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from accy_async import _loops
+from accy_async._loops import _asyncio, _clock, _trio
+from accy_async.backends import Completion
+from accy_async.backends.base import ALREADY_FIRED
+from accy_async.waiting import CompletionLatch
+
+from .conftest import EVERY_LOOP
+
+
+@pytest.fixture(params=EVERY_LOOP)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+async def test_alarms_fire_in_order_not_before_their_time_and_cancel() -> None:
+    clock = _loops.current().clock
+    assert _loops.current().clock is clock
+    if sys.platform == "linux":
+        assert isinstance(clock, _clock.TimerfdClock)  # the loop wakes itself, no thread
+    fired: list[tuple[str, float]] = []
+    done = CompletionLatch()
+    start = time.perf_counter()
+
+    def fire(name: str, due: float) -> _clock.Callback:
+        def callback() -> None:
+            fired.append((name, time.perf_counter() - due))
+            if name == "last":
+                done(None)
+
+        return callback
+
+    due = {"a": start + 0.004, "b": start + 0.002, "c": start + 0.003, "last": start + 0.01}
+    scheduled = {name: clock.schedule(when, fire(name, when)) for name, when in due.items()}
+    scheduled["c"].cancel()
+    with anyio.fail_after(5):
+        await done.wait()
+    assert [name for name, _ in fired] == ["b", "a", "last"]
+    assert all(late >= 0 for _, late in fired)
+
+
+async def test_an_alarm_already_due_fires_at_once() -> None:
+    done = CompletionLatch()
+    _loops.current().clock.schedule(time.perf_counter() - 1.0, lambda: done(None))
+    with anyio.fail_after(5):
+        await done.wait()
+
+
+async def test_the_alarm_fires_on_the_loops_own_thread() -> None:
+    clock = _loops.current().clock
+    if not clock.fires_on_loop_thread:
+        pytest.skip("no timerfd here: the thread clock fires on its own thread")
+    threads: list[int] = []
+    done = CompletionLatch()
+
+    def callback() -> None:
+        threads.append(threading.get_ident())
+        done(None)
+
+    clock.schedule(time.perf_counter() + 0.001, callback)
+    with anyio.fail_after(5):
+        await done.wait()
+    assert threads == [threading.get_ident()]
+
+
+async def test_sleep_until_is_precise_and_cancellable() -> None:
+    start = time.perf_counter()
+    await _loops.sleep_until(start + 0.0005)  # the loops' own timers would round this to 1 ms
+    assert time.perf_counter() - start >= 0.0005
+    with anyio.move_on_after(0.001) as scope:
+        await _loops.sleep_until(time.perf_counter() + 10)
+    assert scope.cancelled_caught
+
+
+def test_the_margin_follows_the_lateness_within_its_bounds() -> None:
+    clock = _clock.ThreadClock.__new__(_clock.ThreadClock)  # no thread needed for this
+    _clock.AlarmClock.__init__(clock)
+    for _ in range(100):
+        clock.observe_lateness(10e-6)
+    assert 10e-6 <= clock.margin < 15e-6
+    for _ in range(100):
+        clock.observe_lateness(-1.0)  # early counts as on time
+    assert clock.margin == 5e-6
+    for _ in range(100):
+        clock.observe_lateness(1.0)  # clipped
+    assert clock.margin == 1e-3
+
+
+def test_a_missed_sleep_shrinks_the_margin_so_it_can_recover() -> None:
+    clock = _clock.ThreadClock.__new__(_clock.ThreadClock)
+    _clock.AlarmClock.__init__(clock)
+    for _ in range(50):
+        clock.observe_lateness(500e-6)  # a burst of late wake-ups
+    high = clock.margin
+    for _ in range(100):
+        clock.missed_a_sleep()  # waits too short to sleep in: no samples, yet it comes down
+    assert clock.margin < high / 10
+
+
+def test_the_thread_clock_fires_and_cancels() -> None:
+    clock = _clock.ThreadClock()
+    fired = threading.Event()
+    cancelled = threading.Event()
+    start = time.perf_counter()
+    clock.schedule(start + 0.002, cancelled.set).cancel()
+    clock.schedule(start + 0.003, fired.set)
+    assert fired.wait(5)
+    assert time.perf_counter() - start >= 0.003
+    assert not cancelled.is_set()
+
+
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_without_a_timerfd_the_thread_clock_wakes_the_loop(
+    library: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Elsewhere than Linux (or where perf_counter is another clock) one thread fires alarms."""
+    monkeypatch.setattr(_asyncio, "timerfd_usable", lambda: False)
+    monkeypatch.setattr(_trio, "timerfd_usable", lambda: False)
+
+    async def body() -> None:
+        assert isinstance(_loops.current().clock, _clock.ThreadClock)
+        start = time.perf_counter()
+        with anyio.fail_after(5):
+            await _loops.sleep_until(start + 0.002)
+        assert time.perf_counter() - start >= 0.002
+        with anyio.move_on_after(0.001) as scope:
+            await _loops.sleep_until(time.perf_counter() + 10)
+        assert scope.cancelled_caught
+        await anyio.sleep(0.005)  # a late delivery of the cancelled alarm breaks nothing
+
+    anyio.run(body, backend=library)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="timerfd is Linux's")
+def test_a_closed_loops_timerfd_is_closed() -> None:
+    async def open_clock() -> int:
+        clock = _loops.current().clock
+        assert isinstance(clock, _clock.TimerfdClock)
+        return clock.timer.fd
+
+    loop = asyncio.new_event_loop()
+    fd = loop.run_until_complete(open_clock())
+    os.fstat(fd)  # open while the loop lives
+    loop.close()
+    del loop
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="timerfd is Linux's")
+def test_a_trio_runs_timerfd_is_closed_when_the_run_ends() -> None:
+    async def open_clock() -> int:
+        clock = _loops.current().clock
+        assert isinstance(clock, _clock.TimerfdClock)
+        return clock.timer.fd
+
+    fd = anyio.run(open_clock, backend="trio")
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_outside_an_event_loop_there_is_no_loop() -> None:
+    with pytest.raises(RuntimeError, match="event loop"):
+        _loops.current()
+
+
+async def test_the_checkpoint_yields_to_other_tasks_and_raises_cancellation() -> None:
+    ran = []
+
+    async def other() -> None:
+        ran.append(True)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(other)
+        for _ in range(10):  # trio runs a batch of ready tasks in random order
+            await _loops.checkpoint()
+            if ran:
+                break
+        assert ran  # the other task ran while this one yielded
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await _loops.checkpoint()
+        pytest.fail("a cancelled scope's checkpoint raises")
+    assert scope.cancelled_caught
+
+
+async def test_a_callback_wait_completed_inside_register_is_still_a_checkpoint() -> None:
+    def register(callback: Any) -> Any:
+        callback(None)  # fires on this thread before register returns
+        return ALREADY_FIRED
+
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await _loops.current().wait(register)
+        pytest.fail("a cancelled scope's wait raises even when the work is done")
+    assert scope.cancelled_caught
+    await _loops.current().wait(register)  # and returns when not cancelled
+
+
+async def test_a_callback_wait_delivers_errors_as_fresh_copies() -> None:
+    fault = RuntimeError("not an accy error: delivered as itself")
+    done = Completion()
+    done(fault)
+    with pytest.raises(RuntimeError) as caught:
+        await _loops.current().wait(done.register)
+    assert caught.value is fault
+
+
+async def test_completions_from_many_threads_wake_their_tasks() -> None:
+    latches = [CompletionLatch() for _ in range(200)]
+
+    def fire_all() -> None:
+        for latch in latches:
+            latch(None)
+
+    async with anyio.create_task_group() as group:
+        for latch in latches:
+            group.start_soon(latch.wait)
+        await anyio.sleep(0.01)
+        threads = [threading.Thread(target=fire_all) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert all(latch.done for latch in latches)
+
+
+async def test_trio_checkpoints_are_real_ones() -> None:
+    if not isinstance(_loops.current(), _trio.TrioLoop):
+        pytest.skip("trio's own checkpoint rules")
+    import trio.testing
+
+    with trio.testing.assert_checkpoints():
+        await _loops.checkpoint()
+    done = Completion()
+    done(None)
+    with trio.testing.assert_checkpoints():
+        await _loops.current().wait(done.register)
