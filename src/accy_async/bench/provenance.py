@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -28,7 +29,10 @@ def describe_run(rig: Rig) -> dict[str, Any]:
 
 
 def git_revision() -> dict[str, Any]:
-    """The commit this code runs from and whether the tree has changes (``None`` without git)."""
+    """The commit this code runs from and whether the tree has changes.
+
+    Without git, ``$ACCY_REVISION`` names the commit (``None`` if unset).
+    """
     where = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
@@ -48,7 +52,9 @@ def git_revision() -> dict[str, Any]:
             timeout=30,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        # A copy of the tree without its repository (the GPU machine's): the runner says.
+        commit = os.environ.get("ACCY_REVISION")
+        return {"commit": commit, "dirty": None if commit is None else False}
     return {"commit": commit, "dirty": bool(status.strip())}
 
 
