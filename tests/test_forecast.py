@@ -10,9 +10,11 @@ import pytest
 from accy_async.backends import forecast as forecast_module
 from accy_async.backends.forecast import (
     LAUNCH_LATENCY,
+    CostModel,
     Forecast,
     Ledger,
     byte_features,
+    launch_features,
 )
 
 
@@ -235,3 +237,27 @@ def test_models_are_shared_per_key() -> None:
     assert forecast.model("k", "k") is forecast.model("k", "other name")
     assert forecast.model("j", "j") is not forecast.model("k", "k")
     assert len(forecast.models()) == 2
+
+
+def test_thousands_of_queued_sightings_fold_in_one_go(clock: Clock) -> None:
+    """A stream nobody polls from the loop (every wait a callback): sightings pile up."""
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    for _ in range(5000):
+        ledger.sighted(1, None, clock.now + 1e-3)  # the same point, seen again and again
+    ledger.enqueue(model, launch(1))  # folds them all, iteratively
+    assert not ledger.sightings
+    assert ledger.first == 1
+
+
+def test_an_accurate_model_refits_only_now_and_then() -> None:
+    model = CostModel("k", launch_features)
+    for _ in range(40):
+        model.learn(launch(1), 1e-3)
+    assert model.checked == 39
+    assert 8 <= model.samples < 15  # refits stop once it predicts within 1.5%
+    assert model.relative_error < 0.01
+    fitted = model.samples
+    model.learn(launch(1), 2e-3)  # the kernel changed: a sample that surprises is fitted
+    assert model.samples == fitted + 1

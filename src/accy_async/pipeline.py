@@ -267,7 +267,11 @@ class _Memo:
     request: PipelineLaunch
     sequences: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]]
     bindings: tuple[BufferBinding, ...]
-    stages: tuple[tuple[StageLauncher, Any, tuple[int, int, int], tuple[int, int, int], int], ...]
+    stages: (
+        tuple[tuple[StageLauncher, Any, tuple[int, int, int], tuple[int, int, int], int], ...]
+        | None
+    )
+    """Each stage's launcher and packed arguments; ``None`` after the request's first launch."""
     immutable: bool
     """Whether the request's sequences are tuples (or intermediates): they cannot change."""
 
@@ -485,10 +489,14 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     """
     await checkpoint()
     pool = request.artifacts
+    seen_before = False
     if pool is not None:
         memo = pool.memos.get(id(request))
-        if memo is not None and memo.request is request and _relaunch(backend, pool, memo):
-            return
+        if memo is not None and memo.request is request:
+            if memo.stages is None:
+                seen_before = True  # launched once: this time its launches are packed to keep
+            elif _relaunch(backend, pool, memo):
+                return
     pipeline = request.pipeline
     if pool is not None and pool.pipeline is pipeline and pool.registry is request.registry:
         program = _program(pipeline, pool.registry, pool.format)
@@ -530,10 +538,18 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         ):
             buffers = [sources[source][index] for source, index in refs]
             launcher(buffers, stage_scalars, grid, block, shared, stream)
-            stages.append((launcher, launcher.prepare(buffers, stage_scalars), grid, block, shared))
+            if seen_before:
+                prepared = launcher.prepare(buffers, stage_scalars)
+                stages.append((launcher, prepared, grid, block, shared))
+        # A request seen for the first time is remembered unpacked (packing costs more than
+        # a launch); launched again, it is packed for its relaunches.
         immutable = all(isinstance(each, tuple | PipelineIntermediates) for each in sources)
         pool.memos[id(request)] = _Memo(
-            request, sources, (*operands, *results, *provided), tuple(stages), immutable
+            request,
+            sources,
+            (*operands, *results, *provided),
+            tuple(stages) if seen_before else None,
+            immutable,
         )
         if len(pool.memos) > _MEMO_CAPACITY:
             pool.memos.popitem(last=False)
@@ -587,6 +603,7 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool
     if isinstance(intermediates, PipelineIntermediates):
         intermediates.streams_used.add(stream)
     pool.streams_used.add(stream)
+    assert memo.stages is not None
     for launcher, prepared, grid, block, shared in memo.stages:
         launcher.launch_prepared(prepared, grid, block, shared, stream)
     return True

@@ -323,8 +323,8 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
         tight_window=True,
         least_patience=50e-6,
         spin=20e-6,
-        ratio=1 / 8,
-        least_interval=30e-6,
+        ratio=1 / 10,
+        least_interval=25e-6,
         most_interval=1e-3,
     ),
     "frugal": _Schedule(
@@ -340,6 +340,9 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
         alarm_step=40e-6,
     ),
 }
+
+_TRUSTED_SPREAD: Final = 0.25
+"""A forecast whose spread exceeds this share of the time to its due time is not slept on."""
 
 _APPROACH: Final = 300e-6
 """The length of the last sleep before the due time: short sleeps land on time, long ones late."""
@@ -379,6 +382,8 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
             await checkpoint()
         return
     expected = target.anticipate()
+    if expected is not None and expected.spread > _TRUSTED_SPREAD * (expected.due - start):
+        expected = None  # too unsure to sleep on: the work's length is not what was launched
     if expected is not None:
         if await _sleep_until_due(loop, query, expected, schedule):
             return

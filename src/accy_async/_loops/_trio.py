@@ -22,8 +22,9 @@ from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usabl
 
 __all__ = ["TrioLoop", "current_trio_loop"]
 
-WAKE_CHUNK: Final = 64
-"""Most waiters one wake-up resumes; a larger burst is spread over loop iterations."""
+WAKE_CHUNK: Final = 8
+"""Most waiters one wake-up resumes; a larger burst is spread over loop iterations, so that
+timers and other tasks run between the chunks (a resumed task may go on to heavy work)."""
 
 
 class _Waiter:

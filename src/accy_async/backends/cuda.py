@@ -242,7 +242,7 @@ class _CudaStreamMark(Completion, StreamMark):
         (result,) = driver().cuEventQuery(self._marker)
         now = time.perf_counter()
         if result == backend._success:
-            self._ledger.completed(self._position, self._pending_at, now)
+            self._ledger.sighted(self._position, self._pending_at, now)
             self(None)
             return True
         if result == backend._not_ready:
@@ -771,7 +771,7 @@ class CudaBackend(Backend):
             record = self._records.get(event.id)
             if record is not None and not record.seen:
                 record.seen = True
-                record.ledger.completed(record.position, record.pending_at, time.perf_counter())
+                record.ledger.sighted(record.position, record.pending_at, time.perf_counter())
             return True
         if result == self._not_ready:
             record = self._records.get(event.id)

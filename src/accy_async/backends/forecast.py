@@ -30,9 +30,11 @@ weighted by the inverse square of its length so relative errors count
 alike: a kernel whose length follows its size or a scalar is predicted
 after a few completions; one that always takes as long, after one.
 
-All of it runs on the event loop's thread. Completions seen on another
-thread (the CUDA reactor's) are queued with :meth:`Ledger.sighted` and
-folded in on the loop's thread the next time the ledger is used.
+Sightings cost a waiter nothing: :meth:`Ledger.sighted` queues them (from
+any thread: the loop's polls, the CUDA reactor's), and they are folded in on
+the loop's thread the next time the ledger is used, after the waiter has
+resumed. A model that already predicts within :data:`ACCURATE` skips most
+updates.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ FORGET: Final = 0.95
 
 SMALLEST_COST: Final = 1e-6
 """Costs are predicted no shorter than this."""
+
+ACCURATE: Final = 0.015
+"""A model whose prediction was this close (relatively) updates its fit only now and then."""
+
+_REFIT_EVERY: Final = 16
+"""How often an accurate model refits all the same, to follow slow drifts."""
 
 _LEDGER_TRIM_AT: Final = 512
 """A ledger this long drops the items predicted to have ended long ago."""
@@ -111,12 +119,15 @@ class CostModel:
     prediction is the mean.
     """
 
-    __slots__ = ("_best", "_sums", "features", "name", "relative_error", "samples")
+    __slots__ = ("_best", "_sums", "checked", "features", "name", "relative_error", "samples")
 
     def __init__(self, name: str, features: Callable[[Any], tuple[float, ...]]) -> None:
         self.name = name
         self.features = features
         self.samples = 0
+        """Samples fitted."""
+        self.checked = 0
+        """Predictions checked against a measurement."""
         self.relative_error = 0.25
         """A smoothed mean of ``|prediction - actual| / actual``, taken before each sample."""
         self._sums: list[list[float]] = []
@@ -140,6 +151,9 @@ class CostModel:
         if predicted is not None:
             error = abs(predicted - seconds) / max(seconds, SMALLEST_COST)
             self.relative_error += (min(error, 4.0) - self.relative_error) / 4
+            self.checked += 1
+            if error < ACCURATE and self.samples >= 8 and self.checked % _REFIT_EVERY:
+                return  # nothing new to learn; the fit costs more than the check
         features = self.features(arguments)
         if len(self._sums) != len(features):  # the first sample (or the arity changed)
             self._sums = [[0.0] * 6 for _ in features]
@@ -299,6 +313,8 @@ class Ledger:
 
     def enqueue(self, model: CostModel, arguments: Any) -> None:
         """Note a launch (or copy, fill) just enqueued; ``model.features(arguments)`` sizes it."""
+        if self.sightings:
+            self._fold_sightings()
         items = self.items
         items.append((model, arguments, time.perf_counter()))
         if len(items) >= _LEDGER_TRIM_AT and not len(items) % 256:
@@ -314,7 +330,12 @@ class Ledger:
         return self.first + len(self.items)
 
     def sighted(self, position: int, pending_at: float | None, seen_at: float) -> None:
-        """Queue a sighting made on another thread; thread-safe (a deque append)."""
+        """The first ``position`` items were seen complete at ``seen_at``; from any thread.
+
+        ``pending_at`` is when the same point was last seen pending, if it
+        was. Only queued (a deque append): :meth:`completed` runs on the
+        loop's thread the next time the ledger is used.
+        """
         self.sightings.append((position, pending_at, seen_at))
 
     # ----- forecasts -----------------------------------------------------------------------
@@ -323,6 +344,9 @@ class Ledger:
         """When the first ``position`` items should have completed; ``None`` if unknown."""
         if self.sightings:
             self._fold_sightings()
+        return self._simulate(position, depth)
+
+    def _simulate(self, position: int, depth: int) -> Anticipation | None:
         count = position - self.first
         if count <= 0:
             return Anticipation(self.start, 0.0)
@@ -347,13 +371,11 @@ class Ledger:
     # ----- what was seen -------------------------------------------------------------------
 
     def completed(self, position: int, pending_at: float | None, seen_at: float) -> None:
-        """The first ``position`` items were seen complete at ``seen_at``.
+        """The first ``position`` items were seen complete at ``seen_at`` (see :meth:`sighted`).
 
-        ``pending_at`` is when the same point was last seen pending, if it
-        was. Learns from the burst that ended there, then forgets the items.
+        Learns from the burst that ended there, then forgets the items. Call
+        it on the loop's thread, with the sightings queued before it folded.
         """
-        if self.sightings:
-            self._fold_sightings()
         count = position - self.first
         if count <= 0:
             return
@@ -382,7 +404,7 @@ class Ledger:
         first_of_last = bursts[-1][0][2] + LAUNCH_LATENCY
         if len(bursts) == 1:
             return max(first_of_last, self.start) if self.start_known else None
-        before = self.anticipate(self.first + sum(len(burst) for burst in bursts[:-1]))
+        before = self._simulate(self.first + sum(len(burst) for burst in bursts[:-1]), 0)
         if before is not None and before.due <= first_of_last:
             return first_of_last
         return None
@@ -402,7 +424,8 @@ class Ledger:
         sightings = self.sightings
         while sightings:
             position, pending_at, seen_at = sightings.popleft()
-            self.completed(position, pending_at, seen_at)
+            if position > self.first:
+                self.completed(position, pending_at, seen_at)
 
     def _trim(self) -> None:
         """Drop what is predicted to have ended over a millisecond ago (or the oldest half)."""

@@ -31,8 +31,13 @@ def describe_run(rig: Rig) -> dict[str, Any]:
 def git_revision() -> dict[str, Any]:
     """The commit this code runs from and whether the tree has changes.
 
-    Without git, ``$ACCY_REVISION`` names the commit (``None`` if unset).
+    ``$ACCY_REVISION``, where set, names the commit instead: a copy of the tree
+    sent to another machine (the GPU machine's) may carry a stale repository.
+    ``None`` where neither says.
     """
+    given = os.environ.get("ACCY_REVISION")
+    if given:
+        return {"commit": given, "dirty": False}
     where = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
@@ -52,9 +57,7 @@ def git_revision() -> dict[str, Any]:
             timeout=30,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        # A copy of the tree without its repository (the GPU machine's): the runner says.
-        commit = os.environ.get("ACCY_REVISION")
-        return {"commit": commit, "dirty": None if commit is None else False}
+        return {"commit": None, "dirty": None}
     return {"commit": commit, "dirty": bool(status.strip())}
 
 

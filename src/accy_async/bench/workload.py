@@ -189,10 +189,15 @@ class Samples:
         self.cpu_s += cpu_s
         self.wall_s += wall_s
 
-    def summary(self, worst_lag_s: float) -> dict[str, Any]:
-        """The row: latency percentiles, CPU cores and per wait, heartbeat lag, wrong count."""
+    def summary(self, worst_lag_s: float, pauses: GcPauses | None = None) -> dict[str, Any]:
+        """The row: latency percentiles, CPU cores and per wait, heartbeat lag, wrong count.
+
+        With ``pauses``, the garbage collector's pauses meanwhile (what else stalls a loop).
+        """
         latencies = self.latencies_us
         return {
+            "gc_pauses": None if pauses is None else pauses.count,
+            "worst_gc_pause_ms": None if pauses is None else pauses.worst * 1e3,
             "count": self.count,
             "median_us": statistics.median(latencies) if latencies else None,
             "p90_us": percentile(latencies, 0.90) if latencies else None,
@@ -203,11 +208,35 @@ class Samples:
             "wrong": self.wrong,
         }
 
-    def service_summary(self, worst_lag_s: float) -> dict[str, Any]:
+    def service_summary(self, worst_lag_s: float, pauses: GcPauses | None = None) -> dict[str, Any]:
         """:meth:`summary` with the requests per second of wall time."""
-        row = self.summary(worst_lag_s)
+        row = self.summary(worst_lag_s, pauses)
         row["requests_per_s"] = self.count / self.wall_s if self.wall_s else None
         return row
+
+
+class GcPauses:
+    """Within ``with``: how often Python's garbage collector ran, and its longest pause."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.worst = 0.0
+        self._started = 0.0
+
+    def _observe(self, phase: str, info: dict[str, Any]) -> None:
+        del info
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.count += 1
+            self.worst = max(self.worst, time.perf_counter() - self._started)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._observe)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        gc.callbacks.remove(self._observe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,10 +608,24 @@ async def _completion_row(
     fresh_stream: bool,
 ) -> dict[str, Any]:
     """Launch each trial's kernels, wait, and measure from the last kernel's stamp to resuming."""
-    from .._loops import sleep_until
-
     heartbeat = Heartbeat()
     samples = Samples()
+    with GcPauses() as pauses:
+        await _trials(rig, target, wait, trials, fresh_stream, heartbeat, samples)
+    return samples.summary(heartbeat.worst, pauses)
+
+
+async def _trials(
+    rig: Rig,
+    target: _Target,
+    wait: Waiter,
+    trials: Sequence[tuple[int, ...]],
+    fresh_stream: bool,
+    heartbeat: Heartbeat,
+    samples: Samples,
+) -> None:
+    from .._loops import sleep_until
+
     async with anyio.create_task_group() as group:
         group.start_soon(heartbeat.run)
         for index, lengths in enumerate(trials):
@@ -605,7 +648,6 @@ async def _completion_row(
                 heartbeat.worst = 0.0
             await sleep_until(time.perf_counter() + GAP_S)
         group.cancel_scope.cancel()
-    return samples.summary(heartbeat.worst)
 
 
 async def _accy_completion(
@@ -797,18 +839,19 @@ async def _open_scan_service(
 async def _drive(
     sizes: Sequence[Sequence[int]],
     serve: Callable[[int, Sequence[int]], Coroutine[Any, Any, None]],
-) -> tuple[float, float, float]:
-    """Run one task per lane beside a heartbeat: (process CPU s, wall s, worst lag s)."""
+) -> tuple[float, float, float, GcPauses]:
+    """Run one task per lane beside a heartbeat: (process CPU s, wall s, worst lag s, GC)."""
     heartbeat = Heartbeat()
-    async with anyio.create_task_group() as outer:
-        outer.start_soon(heartbeat.run)
-        cpu, wall = time.process_time(), time.perf_counter()
-        async with anyio.create_task_group() as group:
-            for index, lane_sizes in enumerate(sizes):
-                group.start_soon(serve, index, lane_sizes)
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        outer.cancel_scope.cancel()
-    return cpu, wall, heartbeat.worst
+    with GcPauses() as pauses:
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(heartbeat.run)
+            cpu, wall = time.process_time(), time.perf_counter()
+            async with anyio.create_task_group() as group:
+                for index, lane_sizes in enumerate(sizes):
+                    group.start_soon(serve, index, lane_sizes)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            outer.cancel_scope.cancel()
+    return cpu, wall, heartbeat.worst, pauses
 
 
 def _warm_up_sizes(workload: ServiceWorkload, tasks: int, high: int) -> list[list[int]]:
@@ -833,13 +876,13 @@ async def _accy_service_row(
     await _drive(warm_up, serve)
     outcomes.clear()
     before = _calibration(rig)
-    cpu, wall, lag = await _drive(sizes, serve)
+    cpu, wall, lag, pauses = await _drive(sizes, serve)
     line = ClockLine(*before, *_calibration(rig))
     samples = Samples(cpu_s=cpu, wall_s=wall)
     for resumed, stamp, right in outcomes:
         latency = line.latency_us(resumed, stamp) if stamp else None
         samples.add(latency, wrong=not (right and stamp))
-    return samples.service_summary(lag)
+    return samples.service_summary(lag, pauses)
 
 
 def _tasks_label(tasks: int) -> str:
@@ -857,6 +900,8 @@ async def _accy_service_rows(
     section: Section = {}
     async with contextlib.AsyncExitStack() as stack:
         service = await _open_scan_service(stack, max(tasks), max_n)
+        gc.collect()
+        gc.freeze()  # the service's start-up state, as a long-running service would
         for workload in workloads:
             high = min(workload.high, max_n)
             for count in tasks:
@@ -897,11 +942,11 @@ async def _cupy_service_row(
 
     await _drive(warm_up, serve)
     outcomes.clear()
-    cpu, wall, lag = await _drive(sizes, serve)
+    cpu, wall, lag, pauses = await _drive(sizes, serve)
     samples = Samples(cpu_s=cpu, wall_s=wall)
     for latency, right in outcomes:
         samples.add(latency, wrong=not right)
-    row = samples.service_summary(lag)
+    row = samples.service_summary(lag, pauses)
     row["note"] = CUPY_NOTE
     return row
 
@@ -1025,6 +1070,8 @@ COMPLETION_COLUMNS: Final[tuple[Column, ...]] = (
     *_LATENCY_COLUMNS,
     ("CPU µs per wait", "cpu_us_per_wait", "{:.0f}"),
     ("worst heartbeat lag ms", "worst_heartbeat_lag_ms", "{:.2f}"),
+    ("GC runs", "gc_pauses", "{:d}"),
+    ("worst GC pause ms", "worst_gc_pause_ms", "{:.2f}"),
     ("wrong", "wrong", "{:d}"),
 )
 SERVICE_COLUMNS: Final[tuple[Column, ...]] = (
@@ -1033,6 +1080,8 @@ SERVICE_COLUMNS: Final[tuple[Column, ...]] = (
     *_LATENCY_COLUMNS,
     ("CPU µs per request", "cpu_us_per_wait", "{:.0f}"),
     ("worst heartbeat lag ms", "worst_heartbeat_lag_ms", "{:.2f}"),
+    ("GC runs", "gc_pauses", "{:d}"),
+    ("worst GC pause ms", "worst_gc_pause_ms", "{:.2f}"),
     ("wrong", "wrong", "{:d}"),
 )
 _MARKED: Final = (("p99_us", "p99"), ("worst_heartbeat_lag_ms", "heartbeat lag"))
