@@ -262,6 +262,7 @@ async def test_the_forecast_learns_a_pipeline_whose_length_follows_its_size(
     ):
         for index in range(40):
             n = int(10 ** rng.uniform(5, 7.3))
+            start = time.perf_counter()
             await launch_pipeline(
                 cuda,
                 PipelineLaunch(
@@ -280,7 +281,6 @@ async def test_the_forecast_learns_a_pipeline_whose_length_follows_its_size(
             mark = read.stream_mark()
             assert mark is not None
             expected = mark.anticipate()
-            start = time.perf_counter()
             last = np.frombuffer(await accy.wait_read(read), np.int32)[0]
             resumed = time.perf_counter()
             assert last == n
@@ -288,7 +288,7 @@ async def test_the_forecast_learns_a_pipeline_whose_length_follows_its_size(
                 assert expected is not None
                 misses.append(abs(resumed - expected.due) / (resumed - start + 100e-6))
     misses.sort()
-    assert misses[len(misses) // 2] < 0.2, misses
+    assert misses[len(misses) // 2] < 0.2, misses  # of the request's time, launch to read
     cuda.destroy_all([x, y, stream])
 
 

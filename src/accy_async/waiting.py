@@ -295,12 +295,16 @@ class _Schedule:
 
     spin_throughout: bool
     """Poll between checkpoints from start to end (``latency``)."""
+    wake_early: bool
+    """Wake the clock's margin and ``spread_factor`` forecast spreads before the due time,
+    arriving through one short sleep (which lands on time); else sleep to the due time."""
     spread_factor: float
-    """Wake this many forecast spreads (plus the clock's margin) before the due time."""
     look_ins: int
-    """How often to look in, on the way to the due time, in case the work ends early."""
+    """How often to look in on the way, in case the work ends early, when the forecast is
+    unsure (its spread over 5% of the time to go); once, on a long sleep, when it is sure."""
     tight_window: bool
     """Around the due time, poll between checkpoints (else on the clock, ``alarm_step`` apart)."""
+    alarm_step: float
     least_patience: float
     """Watch at least this long past the due time before adapting to a late finish."""
     spin: float
@@ -311,16 +315,17 @@ class _Schedule:
     """... but no more often than this ..."""
     most_interval: float
     """... and no less often than this."""
-    alarm_step: float = 25e-6
 
 
 _SCHEDULES: Final[dict[str, _Schedule]] = {
-    "latency": _Schedule(True, 0, 0, True, 0, math.inf, 0, 0, 0),
+    "latency": _Schedule(True, True, 0, 0, True, 0, 0, math.inf, 0, 0, 0),
     "balanced": _Schedule(
         spin_throughout=False,
+        wake_early=True,
         spread_factor=2.0,
         look_ins=2,
         tight_window=True,
+        alarm_step=0.0,
         least_patience=50e-6,
         spin=20e-6,
         ratio=1 / 10,
@@ -329,15 +334,16 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
     ),
     "frugal": _Schedule(
         spin_throughout=False,
-        spread_factor=1.0,
-        look_ins=1,
+        wake_early=False,
+        spread_factor=0.0,
+        look_ins=0,
         tight_window=False,
-        least_patience=50e-6,
+        alarm_step=50e-6,
+        least_patience=100e-6,
         spin=0.0,
         ratio=1 / 2,
         least_interval=150e-6,
         most_interval=5e-3,
-        alarm_step=40e-6,
     ),
 }
 
@@ -411,27 +417,38 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
 async def _sleep_until_due(
     loop: _loops.Loop, query: Any, expected: Anticipation, schedule: _Schedule
 ) -> bool:
-    """Sleep until the clock's margin (and the forecast's spread) before the due time.
+    """Sleep until the due time (``balanced``: the clock's margin and the spread before it).
 
-    Looks in on the way in case the work ends early, and arrives through one
-    short sleep, which lands on time more reliably than a long one. Returns
-    whether a look-in saw the work complete.
+    Looks in on the way if the forecast is unsure, in case the work ends
+    early; ``balanced`` arrives through one short sleep, which lands on time
+    more reliably than a long one. Returns whether a look-in saw the work
+    complete.
     """
     clock = loop.clock
-    wake_at = expected.due - clock.margin - schedule.spread_factor * expected.spread
+    wake_at = expected.due
+    if schedule.wake_early:
+        wake_at -= clock.margin + schedule.spread_factor * expected.spread
     now = time.perf_counter()
     if now >= wake_at:
-        clock.missed_a_sleep()
+        if schedule.wake_early:
+            clock.missed_a_sleep()
         return False
+    look_ins = schedule.look_ins
+    if look_ins and expected.spread <= 0.05 * (wake_at - now):  # sure of itself: look in
+        look_ins = 1 if wake_at - now > 1e-3 else 0  # once on a long sleep, in case, else never
     low, high = _LOOK_BOUNDS
-    look_every = min(max((wake_at - now) / (schedule.look_ins + 1), low), high)
+    look_every = min(max((wake_at - now) / (look_ins + 1), low), high)
+    approach = _APPROACH if schedule.wake_early else 0.0
     while now < wake_at:
-        if wake_at - now <= _APPROACH:
+        if wake_at - now <= approach:
             await loop.sleep_until(wake_at)
             now = time.perf_counter()
             clock.observe_lateness(now - wake_at)
+        elif look_ins:
+            await loop.sleep_until(min(now + look_every, wake_at - approach))
+            now = time.perf_counter()
         else:
-            await loop.sleep_until(min(now + look_every, wake_at - _APPROACH))
+            await loop.sleep_until(wake_at - approach)
             now = time.perf_counter()
         if query():
             return True

@@ -170,6 +170,10 @@ class CostModel:
         self.samples += 1
         self._best = self._fit()
 
+    def confirm(self) -> None:
+        """A prediction was seen to be right, as closely as could be told: trust it more."""
+        self.relative_error *= 0.75
+
     def _fit(self) -> tuple[float, float, int]:
         best: tuple[float, float, int] | None = None
         best_residual = math.inf
@@ -266,6 +270,12 @@ class Forecast:
             end = max(end, enqueued_at + LAUNCH_LATENCY) + cost
             spread += max(model.relative_error, 0.25) * cost
         return end, spread
+
+    def confirm(self, burst: Sequence[Item]) -> None:
+        """A burst ended where its model said it would, as far as a sighting could tell."""
+        model = burst[0][0] if len(burst) == 1 else self._bursts.get(tuple(i[0] for i in burst))
+        if model is not None:
+            model.confirm()
 
     def learn(self, burst: Sequence[Item], seconds: float) -> None:
         """A burst took ``seconds`` (measured)."""
@@ -414,11 +424,14 @@ class Ledger:
         if narrow:
             forecast.learn(burst, (lower + upper) / 2)
             return
-        # Seen too coarsely to measure: move a model only if it predicts outside the bracket.
+        # Seen too coarsely to measure: move a model only if it predicts outside the bracket;
+        # inside it, the prediction stands (and counts as a right one).
         finished = forecast.finish(burst, 0.0)
         target = (lower + upper) / 2 if lower > 0 else upper
         if finished is None or not lower <= finished[0] - burst[0][2] - LAUNCH_LATENCY <= upper:
             forecast.learn(burst, target)
+        else:
+            forecast.confirm(burst)
 
     def _fold_sightings(self) -> None:
         sightings = self.sightings
