@@ -1,11 +1,12 @@
-"""Why a loop serving 64 tasks lags: the scan service under variations, on asyncio.
+"""Why a loop serving 64 tasks lags, and where a wait's CPU goes: probes on asyncio.
 
-For each variation of the waiting layer (how many waits watch from the loop,
-how many completions one wake-up resumes), the service of
-``accy_async.bench.workload`` serves small prefix sums with 64 tasks while
-every callback the loop runs is timed (``asyncio.events.Handle._run``): the
-heartbeat's worst lag beside the longest callbacks, which task steps they were,
-and how many took over 1 ms.
+1. The scan service of ``accy_async.bench.workload`` serves small prefix sums
+   with 64 tasks while every callback the loop runs is timed
+   (``asyncio.events.Handle._run``) and a watchdog thread records the loop
+   thread's stack whenever one callback has run for over 2 ms: the heartbeat's
+   worst lag beside the longest callbacks and what they were doing.
+2. ``cProfile`` of a completion row (balanced and frugal waits on kernels of
+   random length): the functions that take the CPU of a wait.
 
     python benchmarks/service_probe.py [OUT.json]
 """
@@ -14,9 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.events
+import cProfile
+import io
 import json
+import pstats
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,19 +34,36 @@ from accy_async.bench.rig import Rig
 
 
 @contextmanager
-def timed_callbacks(record: list[tuple[float, str]]) -> Iterator[None]:
-    """Time every callback the (pure-Python) asyncio loop runs."""
+def timed_callbacks(record: list[tuple[float, str]], stacks: dict[str, int]) -> Iterator[None]:
+    """Time every callback the (pure-Python) asyncio loop runs; sample the long ones' stacks."""
     original = asyncio.events.Handle._run
+    running: list[float] = [0.0]
+    loop_thread = threading.get_ident()
+    stop = threading.Event()
 
     def run(handle: asyncio.events.Handle) -> None:
-        start = time.perf_counter()
+        start = running[0] = time.perf_counter()
         original(handle)
+        running[0] = 0.0
         record.append((time.perf_counter() - start, repr(handle)[:160]))
 
+    def watchdog() -> None:
+        while not stop.wait(0.0005):
+            started = running[0]
+            if started and time.perf_counter() - started > 2e-3:
+                frame = sys._current_frames().get(loop_thread)
+                if frame is not None:
+                    stack = "".join(traceback.format_stack(frame)[-8:])
+                    stacks[stack] = stacks.get(stack, 0) + 1
+
     asyncio.events.Handle._run = run  # type: ignore[method-assign, assignment]
+    thread = threading.Thread(target=watchdog, daemon=True)
+    thread.start()
     try:
         yield
     finally:
+        stop.set()
+        thread.join()
         asyncio.events.Handle._run = original  # type: ignore[method-assign]
 
 
@@ -49,8 +72,9 @@ def variation(rig: Rig, watchers: int, chunk: int) -> dict[str, Any]:
     _asyncio.WAKE_CHUNK = chunk  # type: ignore[misc]
     small = workload.service_workloads((1_000, 1_000_000), (100_000, 1_000_000), quick=True)[0]
     record: list[tuple[float, str]] = []
+    stacks: dict[str, int] = {}
     max_n = workload.service_max_n(small.high, 64)
-    with timed_callbacks(record):
+    with timed_callbacks(record, stacks):
         section = workload.run_on(
             "asyncio", workload._accy_service_rows, rig, "asyncio", [small], [64], max_n
         )
@@ -67,14 +91,39 @@ def variation(rig: Rig, watchers: int, chunk: int) -> dict[str, Any]:
         "callbacks_over_1ms": sum(1 for seconds, _ in record if seconds > 1e-3),
         "callbacks_over_200us": sum(1 for seconds, _ in record if seconds > 200e-6),
         "longest": [(round(seconds * 1e6), what) for seconds, what in record[:6]],
+        "stacks_of_callbacks_over_2ms": sorted(stacks.items(), key=lambda kv: -kv[1])[:6],
     }
+
+
+def profile_waits(rig: Rig, policy: str) -> list[str]:
+    """The top functions (own time) of accy waits on random-length kernels."""
+    method = workload.AccyMethod(f"accy wait_event, {policy}", "event", policy)  # type: ignore[arg-type]
+    random_lengths = workload.COMPLETION_WORKLOADS[2]
+    draws = {random_lengths.name: workload.trial_lengths(random_lengths)[:60]}
+    profiler = cProfile.Profile()
+
+    async def body() -> Any:
+        profiler.enable()
+        try:
+            return await workload._accy_completion(rig, "row", method, [random_lengths], draws)
+        finally:
+            profiler.disable()
+
+    workload.run_on("asyncio", body)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+    return out.getvalue().splitlines()
 
 
 def main() -> None:
     rig = Rig()
-    results = []
+    results: list[Any] = []
     try:
-        for watchers, chunk in ((16, 8), (64, 8), (16, 2), (4, 2), (64, 64)):
+        results.extend(
+            {"profile": policy, "top": profile_waits(rig, policy)}
+            for policy in ("balanced", "frugal")
+        )
+        for watchers, chunk in ((16, 8), (64, 8)):
             started = time.perf_counter()
             try:
                 results.append(variation(rig, watchers, chunk))
