@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import os
 import sys
@@ -252,3 +253,59 @@ async def test_trio_checkpoints_are_real_ones() -> None:
     done(None)
     with trio.testing.assert_checkpoints():
         await _loops.current().wait(done.register)
+
+
+async def test_launches_are_admitted_a_few_per_pass_in_order() -> None:
+    """Forty tasks that start launches at once: at most ADMITTED_PER_PASS per pass, in order."""
+    passes = 0
+    arrived: list[int] = []
+    admitted: list[tuple[int, int]] = []
+
+    async def count_passes() -> None:
+        nonlocal passes
+        while True:
+            await _loops.checkpoint()
+            passes += 1
+
+    async def launch(index: int) -> None:
+        arrived.append(index)
+        await _loops.admit()
+        admitted.append((index, passes))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(count_passes)
+        await _loops.checkpoint()
+        async with anyio.create_task_group() as launches:
+            for index in range(40):
+                launches.start_soon(launch, index)
+        group.cancel_scope.cancel()
+    assert len(admitted) == 40
+    per_pass = collections.Counter(seen for _, seen in admitted)
+    # trio runs a batch's tasks in random order: two batches' launches can see one count.
+    slack = 2 if isinstance(_loops.current(), _trio.TrioLoop) else 1
+    assert max(per_pass.values()) <= slack * _loops.ADMITTED_PER_PASS
+    assert len(per_pass) >= 40 // (slack * _loops.ADMITTED_PER_PASS)
+    seen = dict(admitted)
+    in_arrival_order = [seen[index] for index in arrived]
+    # None overtook one that came first (by more than trio's reordering within a batch).
+    assert all(
+        later >= earlier - (slack - 1)
+        for earlier, later in zip(in_arrival_order, in_arrival_order[1:], strict=False)
+    )
+
+
+async def test_a_launch_cancelled_while_it_waits_for_a_pass_leaves_the_others() -> None:
+    admitted: list[int] = []
+
+    async def launch(index: int) -> None:
+        await _loops.admit()
+        admitted.append(index)
+
+    async with anyio.create_task_group() as group:
+        for index in range(_loops.ADMITTED_PER_PASS * 2):
+            group.start_soon(launch, index)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await _loops.admit()
+        assert scope.cancelled_caught
+    assert sorted(admitted) == list(range(_loops.ADMITTED_PER_PASS * 2))

@@ -33,7 +33,7 @@ from typing import Final
 import anyio
 import msgspec
 
-from ._loops import checkpoint
+from ._loops import admit, checkpoint
 from .backends.base import (
     Backend,
     BufferBinding,
@@ -259,7 +259,7 @@ async def launch_graph(
     :class:`GraphRun` awaits the whole graph or any node. See the module
     docstring for how errors and cancellation are handled.
     """
-    await checkpoint()
+    await admit()
     plan = kernels.artifact_plan
     if kernels.kernel_count != len(plan.kernels):
         raise InvalidArtifact("the loaded kernels do not match their artifact plan")

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, overload
 
-from ._loops import checkpoint
+from ._loops import admit, checkpoint
 from .backends.base import (
     Backend,
     BufferBinding,
@@ -485,9 +485,11 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     :class:`InvalidBuffer` for a buffer that is not a live buffer of
     ``backend``, all before anything is allocated or launched.
 
-    A checkpoint first: a caller cancelled there has enqueued nothing.
+    A checkpoint first (:func:`~accy_async._loops.admit`: when many tasks
+    launch at once, a few per pass of the loop): a caller cancelled there has
+    enqueued nothing.
     """
-    await checkpoint()
+    await admit()
     pool = request.artifacts
     seen_before = False
     if pool is not None:

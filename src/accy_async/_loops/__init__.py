@@ -15,13 +15,15 @@ from collections.abc import Awaitable
 from typing import Literal
 
 from ._asyncio import YIELD, current_asyncio_loop
-from ._base import Loop, Register, fresh_error
+from ._base import ADMITTED_PER_PASS, Loop, Register, fresh_error
 from ._clock import AlarmClock
 
 __all__ = [
+    "ADMITTED_PER_PASS",
     "AlarmClock",
     "Loop",
     "Register",
+    "admit",
     "checkpoint",
     "current",
     "fresh_error",
@@ -63,6 +65,11 @@ def checkpoint() -> Awaitable[None]:
     if _get_running_loop() is not None:
         return YIELD
     return current().checkpoint()
+
+
+def admit() -> Awaitable[None]:
+    """The checkpoint that starts a launch: see :meth:`Loop.admit`."""
+    return current().admit()
 
 
 async def sleep_until(when: float) -> None:

@@ -17,11 +17,12 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Coroutine, Generator
+from collections import deque
+from collections.abc import Awaitable, Coroutine, Generator
 from functools import partial
 from typing import Any, Final
 
-from ._base import Loop, Register, fresh_error
+from ._base import ADMITTED_PER_PASS, Loop, Register, fresh_error
 from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usable
 
 __all__ = ["YIELD", "AsyncioLoop", "current_asyncio_loop"]
@@ -106,7 +107,16 @@ class _Delivery:
 class AsyncioLoop(Loop):
     """The library's state for one asyncio loop; holds no reference to the loop itself."""
 
-    __slots__ = ("__weakref__", "_bridge", "_clock", "_close_timer", "loop")
+    __slots__ = (
+        "__weakref__",
+        "_admitted",
+        "_bridge",
+        "_clock",
+        "_close_timer",
+        "_next_pass_scheduled",
+        "_queued",
+        "loop",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
@@ -114,6 +124,9 @@ class AsyncioLoop(Loop):
         self._bridge = _Bridge(loop)
         self._clock: AlarmClock | None = None
         self._close_timer: Any = None
+        self._admitted = 0
+        self._queued: deque[asyncio.Future[None]] = deque()
+        self._next_pass_scheduled = False
 
     @property
     def clock(self) -> AlarmClock:
@@ -147,6 +160,40 @@ class AsyncioLoop(Loop):
     def checkpoint(self) -> _Yield:
         """A bare yield: one loop iteration, raising a pending cancellation."""
         return YIELD
+
+    def admit(self) -> Awaitable[None]:
+        """A checkpoint, or a wait for a later pass when this one admitted enough launches."""
+        if self._admitted < ADMITTED_PER_PASS and not self._queued:
+            self._admitted += 1
+            self._schedule_next_pass()
+            return YIELD
+        return self._queue_for_a_later_pass()
+
+    async def _queue_for_a_later_pass(self) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queued.append(future)
+        self._schedule_next_pass()
+        await future  # cancelled: the pass skips it
+
+    def _schedule_next_pass(self) -> None:
+        if not self._next_pass_scheduled:
+            loop = self.loop()
+            if loop is not None:
+                self._next_pass_scheduled = True
+                loop.call_soon(self._next_pass)
+
+    def _next_pass(self) -> None:
+        """Runs once per pass while launches are admitted: lets the next ones through."""
+        self._next_pass_scheduled = False
+        self._admitted = 0
+        queued = self._queued
+        while queued and self._admitted < ADMITTED_PER_PASS:
+            future = queued.popleft()
+            if not future.done():
+                future.set_result(None)
+                self._admitted += 1
+        if self._admitted:
+            self._schedule_next_pass()
 
     def wait(self, register: Register) -> Coroutine[Any, Any, None]:
         """Await the callback ``register`` hands to a backend (see :meth:`Loop.wait`)."""

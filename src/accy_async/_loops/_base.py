@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from ..backends._completion import CompletionCallback, CompletionRegistration
 from ..errors import AccyError
 from ._clock import AlarmClock
 
-__all__ = ["Loop", "Register", "fresh_error"]
+__all__ = ["ADMITTED_PER_PASS", "Loop", "Register", "fresh_error"]
+
+ADMITTED_PER_PASS: Final = 8
+"""Launches let through per pass of the loop (see :meth:`Loop.admit`)."""
 
 Register: TypeAlias = Callable[[CompletionCallback], CompletionRegistration]
 """Hands a callback to a backend and returns its registration (see :meth:`Loop.wait`)."""
@@ -36,6 +39,17 @@ class Loop(ABC):
     @abstractmethod
     def checkpoint(self) -> Awaitable[None]:
         """The cheapest yield that honours cancellation on this loop."""
+
+    @abstractmethod
+    def admit(self) -> Awaitable[None]:
+        """The checkpoint that starts a launch: fair to the loop when many tasks launch at once.
+
+        At most :data:`ADMITTED_PER_PASS` launches are let through per pass of
+        the loop (between two runs of its timers); later ones wait, in order,
+        for a later pass. A launch does its checking and enqueueing in one go
+        after this checkpoint, so a crowd of tasks launching together would
+        otherwise hold the loop (and every timer) for all of theirs at once.
+        """
 
     @abstractmethod
     def wait(self, register: Register) -> Coroutine[Any, Any, None]:

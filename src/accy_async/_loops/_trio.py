@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import trio
 
-from ._base import Loop, Register, fresh_error
+from ._base import ADMITTED_PER_PASS, Loop, Register, fresh_error
 from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usable
 
 __all__ = ["TrioLoop", "current_trio_loop"]
@@ -91,12 +91,16 @@ def _wake(waiter: _Waiter, error: BaseException | None) -> None:
 class TrioLoop(Loop):
     """The library's state for one trio run."""
 
-    __slots__ = ("_bridge", "_clock")
+    __slots__ = ("_admitted", "_bridge", "_clock", "_lot", "_next_pass_scheduled", "_token")
 
     def __init__(self) -> None:
         super().__init__()
-        self._bridge = _Bridge(trio.lowlevel.current_trio_token())
+        self._token = trio.lowlevel.current_trio_token()
+        self._bridge = _Bridge(self._token)
         self._clock: AlarmClock | None = None
+        self._admitted = 0
+        self._lot = trio.lowlevel.ParkingLot()
+        self._next_pass_scheduled = False
 
     @property
     def clock(self) -> AlarmClock:
@@ -117,6 +121,30 @@ class TrioLoop(Loop):
     def checkpoint(self) -> Coroutine[Any, Any, None]:
         """``trio.lowlevel.checkpoint()``."""
         return trio.lowlevel.checkpoint()  # noqa: ASYNC105 - awaited by the caller
+
+    def admit(self) -> Coroutine[Any, Any, None]:
+        """A checkpoint, or a wait for a later batch when this one admitted enough launches."""
+        if self._admitted < ADMITTED_PER_PASS and not self._lot:
+            self._admitted += 1
+            self._schedule_next_pass()
+            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 - awaited by the caller
+        self._schedule_next_pass()
+        return self._lot.park()
+
+    def _schedule_next_pass(self) -> None:
+        if not self._next_pass_scheduled:
+            self._next_pass_scheduled = True
+            self._token.run_sync_soon(self._next_pass)
+
+    def _next_pass(self) -> None:
+        """Runs once per batch while launches come: lets the waiting ones through, in order.
+
+        trio runs a callback queued while it drains its queue in its next round.
+        """
+        self._next_pass_scheduled = False
+        self._admitted = len(self._lot.unpark(count=ADMITTED_PER_PASS))
+        if self._admitted:
+            self._schedule_next_pass()
 
     def wait(self, register: Register) -> Coroutine[Any, Any, None]:
         """Await the callback ``register`` hands to a backend (see :meth:`Loop.wait`)."""
