@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
+import itertools
 import os
 import sys
 import threading
@@ -290,7 +291,7 @@ async def test_launches_are_admitted_a_few_per_pass_in_order() -> None:
     # None overtook one that came first (by more than trio's reordering within a batch).
     assert all(
         later >= earlier - (slack - 1)
-        for earlier, later in zip(in_arrival_order, in_arrival_order[1:], strict=False)
+        for earlier, later in itertools.pairwise(in_arrival_order)
     )
 
 

@@ -251,7 +251,7 @@ async def test_a_forecast_wait_sleeps_until_due_then_watches_from_the_loop(
     if tight_polls:
         assert backend.queries > 20  # watched between checkpoints around the due time
     if finish_after > 0.1:
-        # 240 ms past the due time, polled every tenth of the time waited (at most 1 ms).
+        # 240 ms past the due time, polled every fifth of the time waited (at most 1 ms).
         assert backend.queries < 600
     assert backend.callbacks == 0  # no other thread involved: the loop watched throughout
     await backend.aclose()
@@ -266,7 +266,7 @@ async def test_without_a_forecast_the_polls_space_out_with_the_time_waited() -> 
         counts[policy] = backend.queries
         assert backend.callbacks == 0
         await backend.aclose()
-    # latency spins; balanced polls every tenth of the time waited (25 us..1 ms), frugal
+    # latency spins; balanced polls every fifth of the time waited (40 us..1 ms), frugal
     # every half (150 us..5 ms).
     assert counts["latency"] > counts["balanced"] > counts["frugal"]
     assert counts["balanced"] < 400

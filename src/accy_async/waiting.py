@@ -296,9 +296,11 @@ class _Schedule:
     spin_throughout: bool
     """Poll between checkpoints from start to end (``latency``)."""
     wake_early: bool
-    """Wake the clock's margin and ``spread_factor`` forecast spreads before the due time,
-    arriving through one short sleep (which lands on time); else sleep to the due time."""
+    """Wake the clock's margin and ``spread_factor`` forecast spreads before the due time
+    (else sleep to the due time)..."""
     spread_factor: float
+    approach: bool
+    """... arriving through one short sleep, which lands on time more reliably."""
     look_ins: int
     """How often to look in on the way, in case the work ends early, when the forecast is
     unsure (its spread over 5% of the time to go); once, on a long sleep, when it is sure."""
@@ -318,24 +320,26 @@ class _Schedule:
 
 
 _SCHEDULES: Final[dict[str, _Schedule]] = {
-    "latency": _Schedule(True, True, 0, 0, True, 0, 0, math.inf, 0, 0, 0),
+    "latency": _Schedule(True, True, 0, True, 0, True, 0, 0, math.inf, 0, 0, 0),
     "balanced": _Schedule(
         spin_throughout=False,
         wake_early=True,
         spread_factor=2.0,
+        approach=True,
         look_ins=2,
         tight_window=True,
         alarm_step=0.0,
         least_patience=50e-6,
         spin=20e-6,
-        ratio=1 / 10,
-        least_interval=25e-6,
+        ratio=1 / 5,
+        least_interval=40e-6,
         most_interval=1e-3,
     ),
     "frugal": _Schedule(
         spin_throughout=False,
-        wake_early=False,
+        wake_early=True,
         spread_factor=0.0,
+        approach=False,
         look_ins=0,
         tight_window=False,
         alarm_step=50e-6,
@@ -417,7 +421,7 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
 async def _sleep_until_due(
     loop: _loops.Loop, query: Any, expected: Anticipation, schedule: _Schedule
 ) -> bool:
-    """Sleep until the due time (``balanced``: the clock's margin and the spread before it).
+    """Sleep until the due time, less the clock's margin (and ``balanced``: the spread).
 
     Looks in on the way if the forecast is unsure, in case the work ends
     early; ``balanced`` arrives through one short sleep, which lands on time
@@ -438,7 +442,7 @@ async def _sleep_until_due(
         look_ins = 1 if wake_at - now > 1e-3 else 0  # once on a long sleep, in case, else never
     low, high = _LOOK_BOUNDS
     look_every = min(max((wake_at - now) / (look_ins + 1), low), high)
-    approach = _APPROACH if schedule.wake_early else 0.0
+    approach = _APPROACH if schedule.approach else 0.0
     while now < wake_at:
         if wake_at - now <= approach:
             await loop.sleep_until(wake_at)

@@ -12,7 +12,7 @@ from ._clock import AlarmClock
 
 __all__ = ["ADMITTED_PER_PASS", "Loop", "Register", "fresh_error"]
 
-ADMITTED_PER_PASS: Final = 8
+ADMITTED_PER_PASS: Final = 4
 """Launches let through per pass of the loop (see :meth:`Loop.admit`)."""
 
 Register: TypeAlias = Callable[[CompletionCallback], CompletionRegistration]
