@@ -290,8 +290,7 @@ async def test_launches_are_admitted_a_few_per_pass_in_order() -> None:
     in_arrival_order = [seen[index] for index in arrived]
     # None overtook one that came first (by more than trio's reordering within a batch).
     assert all(
-        later >= earlier - (slack - 1)
-        for earlier, later in itertools.pairwise(in_arrival_order)
+        later >= earlier - (slack - 1) for earlier, later in itertools.pairwise(in_arrival_order)
     )
 
 
