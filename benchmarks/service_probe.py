@@ -67,10 +67,13 @@ def timed_callbacks(record: list[tuple[float, str]], stacks: dict[str, int]) -> 
         asyncio.events.Handle._run = original  # type: ignore[method-assign]
 
 
-def variation(rig: Rig, watchers: int, chunk: int) -> dict[str, Any]:
+def variation(
+    rig: Rig, watchers: int, chunk: int, admitted: int, sizes: tuple[int, int]
+) -> dict[str, Any]:
     waiting.MAX_WATCHERS = watchers  # type: ignore[misc]
     _asyncio.WAKE_CHUNK = chunk  # type: ignore[misc]
-    small = workload.service_workloads((1_000, 1_000_000), (100_000, 1_000_000), quick=True)[0]
+    _asyncio.ADMITTED_PER_PASS = admitted  # type: ignore[attr-defined]
+    small = workload.service_workloads(sizes, sizes, quick=True)[0]
     record: list[tuple[float, str]] = []
     stacks: dict[str, int] = {}
     max_n = workload.service_max_n(small.high, 64)
@@ -83,6 +86,8 @@ def variation(rig: Rig, watchers: int, chunk: int) -> dict[str, Any]:
     return {
         "max_watchers": watchers,
         "wake_chunk": chunk,
+        "admitted_per_pass": admitted,
+        "sizes": sizes,
         "requests_per_s": row["requests_per_s"],
         "median_us": row["median_us"],
         "worst_heartbeat_lag_ms": row["worst_heartbeat_lag_ms"],
@@ -119,17 +124,14 @@ def main() -> None:
     rig = Rig()
     results: list[Any] = []
     try:
-        results.extend(
-            {"profile": policy, "top": profile_waits(rig, policy)}
-            for policy in ("balanced", "frugal")
-        )
-        for watchers, chunk in ((16, 8), (64, 8)):
-            started = time.perf_counter()
-            try:
-                results.append(variation(rig, watchers, chunk))
-            except Exception as exc:  # a variation that fails is reported, the rest run
-                results.append({"max_watchers": watchers, "wake_chunk": chunk, "failed": repr(exc)})
-            print(f"{watchers}/{chunk}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        for sizes in ((1_000, 1_000_000), (100_000, 30_000_000)):
+            for watchers, chunk, admitted in ((16, 8, 4), (16, 4, 2), (64, 4, 2), (16, 8, 8)):
+                started = time.perf_counter()
+                try:
+                    results.append(variation(rig, watchers, chunk, admitted, sizes))
+                except Exception as exc:  # a variation that fails is reported, the rest run
+                    results.append({"variation": (watchers, chunk, admitted), "failed": repr(exc)})
+                print(f"{watchers}/{chunk}/{admitted}: {time.perf_counter() - started:.1f} s")
     finally:
         rig.close()
     text = json.dumps(results, indent=2)

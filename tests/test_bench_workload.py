@@ -155,7 +155,7 @@ def test_parse_size_range() -> None:
 def test_parse_args_defaults_and_choices() -> None:
     defaults = w.parse_args([])
     assert defaults.libraries == ["asyncio", "uvloop", "trio"]
-    assert defaults.sections == ["completion", "service"]
+    assert defaults.sections == ["completion", "service", "cancellation"]
     assert (defaults.small, defaults.varied) == ((1_000, 1_000_000), (100_000, 300_000_000))
     assert defaults.tasks == [1, 64] and not defaults.quick
     chosen = w.parse_args(

@@ -106,7 +106,7 @@ Section: TypeAlias = dict[str, dict[str, Any]]
 T = TypeVar("T")
 
 LIBRARIES: Final = ("asyncio", "uvloop", "trio")
-SECTIONS: Final = ("completion", "service")
+SECTIONS: Final = ("completion", "service", "cancellation")
 SEED: Final = 20261201
 
 SPIN_STAMP: Final = r"""
@@ -1015,6 +1015,96 @@ def _service_section(
     return section
 
 
+# ----- cancellation ----------------------------------------------------------------------------
+
+CANCELLED_WAYS: Final = ("wait_event", "wait_stream", "download", "launch_pipeline")
+"""The ways of waiting cancelled; the pipeline owns its scratch and kernels (no pool given)."""
+
+CANCEL_AFTER_S: Final = 5e-3
+KERNEL_NS: Final = 50_000_000
+
+
+async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
+    """Cancel each way of waiting 5 ms into a 50 ms kernel: how soon control comes back."""
+    from .. import library as builtins
+    from ..backends.cuda import CudaBackend
+    from ..buffers import download
+    from ..pipeline import PipelineLaunch, choose_format, launch_pipeline
+    from ..waiting import wait_event, wait_stream
+
+    rows: dict[str, Any] = {}
+    backend = CudaBackend()
+    try:
+        document = builtins.load_builtin("prefix_sum_i32")
+        fmt = choose_format(backend, document)
+        loaded = await _load_spin_stamp(backend)
+        stamp, x, y = (backend.allocate_buffer(4096) for _ in range(3))
+        stream, event = backend.create_stream(), backend.create_event()
+        request = PipelineLaunch(
+            pipeline=document.pipeline,
+            registry=document.registry,
+            format=fmt,
+            operands=[x.bind("read_only")],
+            results=[y.bind()],
+            runtime_scalar_arguments=(U32(1024),),
+            stream=stream,
+        )
+        ways: dict[str, Callable[[], Awaitable[Any]]] = {
+            "wait_event": lambda: wait_event(backend, event),
+            "wait_stream": lambda: wait_stream(backend, stream),
+            "download": lambda: download(backend, y, np.int32, 1, stream=stream),
+            "launch_pipeline": lambda: launch_pipeline(backend, request),
+        }
+        for way, wait in ways.items():
+            samples = Samples()
+            for _ in range(trials):
+                backend.launch(loaded, [stamp.bind()], [U64(KERNEL_NS)], ONE, ONE, stream=stream)
+                backend.record_event(event, stream)
+                cancelled_at = [0.0]
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(_cancel_later, scope, cancelled_at)
+                        await wait()
+                returned = time.perf_counter()
+                samples.add((returned - cancelled_at[0]) * 1e6, wrong=not scope.cancelled_caught)
+                await wait_stream(backend, stream)
+            rows[f"accy {way}, cancelled ({library})"] = samples.summary(0.0)
+        backend.destroy_all([loaded, stamp, x, y, stream, event])
+    finally:
+        await backend.aclose()
+    return rows
+
+
+async def _cancel_later(scope: anyio.CancelScope, cancelled_at: list[float]) -> None:
+    await anyio.sleep(CANCEL_AFTER_S)
+    cancelled_at[0] = time.perf_counter()
+    scope.cancel()
+
+
+def _cancellation_section(libraries: Sequence[str], trials: int) -> Section:
+    rows: dict[str, Any] = {}
+    for library in libraries:
+        print(f"cancellation on {library}", file=sys.stderr, flush=True)
+        measure = partial(_cancellation_rows, library, trials)
+        names = [f"accy {way}, cancelled ({library})" for way in CANCELLED_WAYS]
+        shape = {CANCELLATION_WORKLOAD: names}
+        part = run_on(library, _guarded, shape, _wrap_rows(measure))
+        rows.update(part[CANCELLATION_WORKLOAD])
+    return {CANCELLATION_WORKLOAD: rows}
+
+
+CANCELLATION_WORKLOAD: Final = "cancelled 5 ms into a 50 ms kernel"
+
+
+def _wrap_rows(
+    measure: Callable[[], Awaitable[dict[str, Any]]],
+) -> Callable[[], Awaitable[Section]]:
+    async def section() -> Section:
+        return {CANCELLATION_WORKLOAD: await measure()}
+
+    return section
+
+
 # ----- the run -------------------------------------------------------------------------------
 
 
@@ -1049,6 +1139,8 @@ def run_workload(
             result["completion"] = _completion_section(rig, libraries, completion)
         if "service" in sections:
             result["service"] = _service_section(rig, libraries, service, tasks, cupy)
+        if "cancellation" in sections:
+            result["cancellation"] = _cancellation_section(libraries, 5 if quick else 20)
         return result
     finally:
         rig.close()
@@ -1094,6 +1186,18 @@ COMPLETION_INTRO: Final = (
     "Wrong: waits that returned before the kernel's stamp landed. accy-async rows launch "
     "through the backend on its own stream; the baselines launch the rig's raw kernel and "
     "record a raw event."
+)
+CANCELLATION_COLUMNS: Final[tuple[Column, ...]] = (
+    ("trials", "count", "{:d}"),
+    ("median µs", "median_us", "{:.1f}"),
+    ("p90 µs", "p90_us", "{:.1f}"),
+    ("p99 µs", "p99_us", "{:.1f}"),
+    ("not cancelled", "wrong", "{:d}"),
+)
+CANCELLATION_INTRO: Final = (
+    "Microseconds from cancelling the caller's scope (from another task, 5 ms into a 50 ms "
+    "kernel) until the cancelled call has given control back. What the device still uses "
+    "goes to deferred release."
 )
 SERVICE_INTRO: Final = (
     "Each task has its own stream, scratch and output; the input (all ones) and the kernel "
@@ -1170,6 +1274,7 @@ def markdown(result: dict[str, Any]) -> str:
             "way of waiting",
         ),
         ("service", "Scan service", SERVICE_INTRO, SERVICE_COLUMNS, "service"),
+        ("cancellation", "Cancellation", CANCELLATION_INTRO, CANCELLATION_COLUMNS, "call"),
     ):
         if key not in result:
             continue
