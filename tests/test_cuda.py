@@ -212,6 +212,22 @@ async def test_anticipated_waits_learn_the_duration_and_leave_nothing_behind(
     cuda.destroy_all([slow, buffer, stream, event])
 
 
+async def test_a_cancelled_load_gives_control_back_at_once(cuda: accy.Backend) -> None:
+    """Loading a module takes milliseconds in a worker thread; a cancelled caller does not wait
+    for it (the thread unloads the module it made), and the backend goes on working."""
+    artifact = await cuda.create_artifact(spec(cuda, "slow_fill_f32"))
+    live = dict(cuda.live_objects())
+    for _ in range(5):
+        start = time.perf_counter()
+        with anyio.move_on_after(20e-6) as scope:
+            loaded = await cuda.load_artifact(artifact)
+            cuda.destroy(loaded)  # the load won the race: nothing to test this time
+        assert time.perf_counter() - start < 0.005 or not scope.cancelled_caught
+    assert dict(cuda.live_objects()) == live
+    loaded = await cuda.load_artifact(artifact)
+    cuda.destroy(loaded)
+
+
 async def test_the_forecast_learns_a_length_set_by_a_scalar(cuda: accy.Backend) -> None:
     """slow_fill spins for its scalar's nanoseconds: after a few waits of random lengths the
     forecast of a new length is right, and the wait resumes close to it."""

@@ -625,7 +625,10 @@ class CudaBackend(Backend):
             if self._compile_pool is not None:
                 compiled = await self._compile_pool.compile(*arguments)
             else:
-                compiled = await anyio.to_thread.run_sync(compile_source, *arguments)
+                # Cancelled, the caller leaves at once; the compile finishes unseen (cached).
+                compiled = await anyio.to_thread.run_sync(
+                    compile_source, *arguments, abandon_on_cancel=True
+                )
             return KernelArtifact(spec, compiled.image, compiled.kind)
         if spec.format is ArtifactFormat.CUDA_PTX:
             assert isinstance(payload, TextPayload)
@@ -674,10 +677,10 @@ class CudaBackend(Backend):
             return module, function
 
         try:
-            module, function = await anyio.to_thread.run_sync(load)
+            module, function = await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
         except BaseException:
-            # Cancelled (asyncio's Task.cancel() goes through the caller's shield) while the
-            # worker thread loads: whichever of the two finishes last unloads the module.
+            # Cancelled while the worker thread loads: the caller leaves at once, and whichever
+            # of the two finishes last unloads the module.
             with lock:
                 state["abandoned"] = True
                 loaded = state.pop("loaded", None)
