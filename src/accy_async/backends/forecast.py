@@ -81,6 +81,12 @@ _LEDGER_TRIM_AT: Final = 512
 _LEDGER_LIMIT: Final = 4096
 """A ledger never holds more; beyond it the oldest half is forgotten."""
 
+_LEARN_FROM_AT_MOST: Final = 64
+"""Longer runs of work seen complete are forgotten unlearned: learning costs as much as they."""
+
+_FORECAST_AT_MOST: Final = 512
+"""A point behind more queued items than this is not forecast (the simulation costs too much)."""
+
 _WAIT_DEPTH: Final = 16
 """How many device-side waits deep a forecast follows other streams."""
 
@@ -360,6 +366,8 @@ class Ledger:
         count = position - self.first
         if count <= 0:
             return Anticipation(self.start, 0.0)
+        if count > _FORECAST_AT_MOST:
+            return None
         end, spread = self.start, 0.0
         for burst in _bursts(self.items[:count]):
             model, arguments, _ = burst[0]
@@ -389,8 +397,20 @@ class Ledger:
         count = position - self.first
         if count <= 0:
             return
-        items = self.items[:count]
-        bursts = _bursts(items)
+        narrow = False
+        if count <= _LEARN_FROM_AT_MOST:
+            narrow = self._learn_from(count, pending_at, seen_at)
+        del self.items[:count]
+        self.first = position
+        if narrow:
+            assert pending_at is not None
+            self.start, self.start_known = (pending_at + seen_at) / 2, True
+        else:
+            self.start, self.start_known = seen_at, not self.items
+
+    def _learn_from(self, count: int, pending_at: float | None, seen_at: float) -> bool:
+        """Learn from the burst that ended the first ``count`` items; whether it was measured."""
+        bursts = _bursts(self.items[:count])
         last = bursts[-1]
         narrow = False
         if last[0][0] is not None:
@@ -401,13 +421,7 @@ class Ledger:
                 )
                 lower = 0.0 if pending_at is None else pending_at - begin
                 self._learn(last, lower, seen_at - begin, narrow)
-        del self.items[:count]
-        self.first = position
-        if narrow:
-            assert pending_at is not None
-            self.start, self.start_known = (pending_at + seen_at) / 2, True
-        else:
-            self.start, self.start_known = seen_at, not self.items
+        return narrow
 
     def _begin_of(self, bursts: list[list[Item]]) -> float | None:
         """When the last burst began, if the device was idle for it (as the models see it)."""
