@@ -46,6 +46,25 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
+def seed_request(
+    operand: accy.BufferHandle,
+    result: accy.BufferHandle,
+    scratch: accy.PipelineIntermediates,
+    pool: accy.PipelineArtifactPool,
+) -> PipelineLaunch:
+    """The seed pipeline over one operand and one result, with pool and scratch given."""
+    return PipelineLaunch(
+        pipeline=SEED_PIPELINE,
+        registry=SEED_REGISTRY,
+        format=PTX,
+        operands=(operand.bind("read_only"),),
+        results=(result.bind(),),
+        runtime_scalar_arguments=ARGS,
+        intermediates=scratch,
+        artifacts=pool,
+    )
+
+
 async def test_waits_on_completed_work_are_checkpoints(backend: accy.Backend) -> None:
     event, stream = backend.create_event(), backend.create_stream()
     buffer = accy.upload(backend, np.arange(16, dtype=np.float32), stream=stream)
@@ -80,16 +99,7 @@ async def test_pipeline_calls_are_checkpoints(recording: accy.RecordingBackend) 
     operand, result = recording.allocate_buffer(20_000), recording.allocate_buffer(20_000)
     pool = await load_pipeline_artifacts(recording, SEED_PIPELINE, SEED_REGISTRY, PTX)
     scratch = await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS)
-    request = PipelineLaunch(
-        pipeline=SEED_PIPELINE,
-        registry=SEED_REGISTRY,
-        format=PTX,
-        operands=(operand.bind("read_only"),),
-        results=(result.bind(),),
-        runtime_scalar_arguments=ARGS,
-        intermediates=scratch,
-        artifacts=pool,
-    )
+    request = seed_request(operand, result, scratch, pool)
     await launch_pipeline(recording, request)  # checked in full once: the next are relaunches
     await assert_checkpoint(lambda: launch_pipeline(recording, request))
     launches = recording.launch_count
@@ -194,16 +204,7 @@ async def test_thousands_of_fast_launches_and_waits_keep_the_loop_free() -> None
         await load_pipeline_artifacts(backend, SEED_PIPELINE, SEED_REGISTRY, PTX) as pool,
         await allocate_pipeline_intermediates(backend, SEED_PIPELINE, ARGS) as scratch,
     ):
-        request = PipelineLaunch(
-            pipeline=SEED_PIPELINE,
-            registry=SEED_REGISTRY,
-            format=PTX,
-            operands=(operand.bind("read_only"),),
-            results=(result.bind(),),
-            runtime_scalar_arguments=ARGS,
-            intermediates=scratch,
-            artifacts=pool,
-        )
+        request = seed_request(operand, result, scratch, pool)
         event = backend.create_event()
 
         async def serve() -> None:
