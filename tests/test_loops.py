@@ -309,3 +309,15 @@ async def test_a_launch_cancelled_while_it_waits_for_a_pass_leaves_the_others() 
             await _loops.admit()
         assert scope.cancelled_caught
     assert sorted(admitted) == list(range(_loops.ADMITTED_PER_PASS * 2))
+    assert _loops.current().free_admissions == _loops.ADMITTED_PER_PASS  # every token came back
+
+
+async def test_a_launch_cancelled_after_admission_gives_its_token_back() -> None:
+    """Cancelled at the admission's yield (admitted, not yet resumed): no token is lost."""
+    for _ in range(_loops.ADMITTED_PER_PASS * 3):
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await _loops.admit()
+        assert scope.cancelled_caught
+    assert _loops.current().free_admissions == _loops.ADMITTED_PER_PASS
+    await _loops.admit()  # and a later launch is admitted at once

@@ -231,19 +231,18 @@ async def _wait_finished_by_a_thread(
 
 
 @pytest.mark.parametrize(
-    ("finish_after", "tight_polls"),
+    ("finish_after", "spread", "tight_polls"),
     [
-        pytest.param(0.002, False, id="early: seen by a look-in while asleep"),
-        pytest.param(0.06, True, id="on time: seen by the loop's own polls"),
-        pytest.param(0.3, False, id="late: polls that adapt to the time waited"),
+        # Due in 60 ms with a 6 ms spread (unsure, yet trusted): asleep but for two look-ins.
+        pytest.param(0.002, 6e-3, False, id="early: seen by a look-in while asleep"),
+        pytest.param(0.06, 0.1e-3, True, id="on time: seen by the loop's own polls"),
+        pytest.param(0.3, 0.1e-3, False, id="late: polls that adapt to the time waited"),
     ],
 )
 async def test_a_forecast_wait_sleeps_until_due_then_watches_from_the_loop(
-    finish_after: float, tight_polls: bool
+    finish_after: float, spread: float, tight_polls: bool
 ) -> None:
-    now = time.perf_counter()
-    # Due in 60 ms with a 0.1 ms spread: asleep until then but for a look-in or two.
-    backend = WatchedRecording(Anticipation(now + 0.06, 0.1e-3))
+    backend = WatchedRecording(Anticipation(time.perf_counter() + 0.06, spread))
     finished = await _wait_finished_by_a_thread(backend, finish_after)
     if finish_after < 0.05:
         assert finished < 0.05  # a look-in saw it, well before the due time
@@ -254,6 +253,15 @@ async def test_a_forecast_wait_sleeps_until_due_then_watches_from_the_loop(
         # 240 ms past the due time, polled every fifth of the time waited (at most 1 ms).
         assert backend.queries < 600
     assert backend.callbacks == 0  # no other thread involved: the loop watched throughout
+    await backend.aclose()
+
+
+async def test_a_sure_forecast_is_slept_on_without_looking_in() -> None:
+    """Due in 60 ms with a 0.1 ms spread: work that ends early is seen at the due time."""
+    backend = WatchedRecording(Anticipation(time.perf_counter() + 0.06, 0.1e-3))
+    finished = await _wait_finished_by_a_thread(backend, 0.002)
+    assert finished > 0.05  # nobody looked: the first query came near the due time
+    assert backend.queries < 10
     await backend.aclose()
 
 

@@ -25,8 +25,8 @@ them: ``launch_pipeline``, ``download``, graph runs) wait the same way:
 Each wait follows a :data:`~accy_async.backends.WaitPolicy`, the backend's
 (``backend.wait_policy``, ``"balanced"`` by default) or the call's
 ``policy=``: ``"latency"`` watches from the first moment (it may spin a
-core), ``"balanced"`` sleeps until the work is nearly due, ``"frugal"``
-spends at most about a tenth of a core and accepts more latency.
+core), ``"balanced"`` sleeps until the work is nearly due, ``"frugal"`` sleeps
+to the due time and polls sparsely: about a tenth of a core, more latency.
 """
 
 from __future__ import annotations
@@ -303,7 +303,9 @@ class _Schedule:
     """... arriving through one short sleep, which lands on time more reliably."""
     look_ins: int
     """How often to look in on the way, in case the work ends early, when the forecast is
-    unsure (its spread over 5% of the time to go); once, on a long sleep, when it is sure."""
+    unsure (its spread over 5% of the time to go)..."""
+    look_in_when_sure: bool
+    """... and whether to look in once on a long sleep when it is sure."""
     tight_window: bool
     """Around the due time, poll between checkpoints (else on the clock, ``alarm_step`` apart)."""
     alarm_step: float
@@ -320,13 +322,14 @@ class _Schedule:
 
 
 _SCHEDULES: Final[dict[str, _Schedule]] = {
-    "latency": _Schedule(True, True, 0, True, 0, True, 0, 0, math.inf, 0, 0, 0),
+    "latency": _Schedule(True, True, 0, True, 0, False, True, 0, 0, math.inf, 0, 0, 0),
     "balanced": _Schedule(
         spin_throughout=False,
         wake_early=True,
-        spread_factor=2.0,
+        spread_factor=1.0,
         approach=True,
         look_ins=2,
+        look_in_when_sure=False,
         tight_window=True,
         alarm_step=0.0,
         least_patience=50e-6,
@@ -337,12 +340,13 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
     ),
     "frugal": _Schedule(
         spin_throughout=False,
-        wake_early=True,
+        wake_early=False,
         spread_factor=0.0,
         approach=False,
         look_ins=0,
+        look_in_when_sure=False,
         tight_window=False,
-        alarm_step=50e-6,
+        alarm_step=100e-6,
         least_patience=100e-6,
         spin=0.0,
         ratio=1 / 2,
@@ -438,8 +442,9 @@ async def _sleep_until_due(
             clock.missed_a_sleep()
         return False
     look_ins = schedule.look_ins
-    if look_ins and expected.spread <= 0.05 * (wake_at - now):  # sure of itself: look in
-        look_ins = 1 if wake_at - now > 1e-3 else 0  # once on a long sleep, in case, else never
+    if look_ins and expected.spread <= 0.05 * (wake_at - now):  # sure of itself
+        # Look in once on a long sleep if the schedule says so, else never.
+        look_ins = 1 if schedule.look_in_when_sure and wake_at - now > 1e-3 else 0
     low, high = _LOOK_BOUNDS
     look_every = min(max((wake_at - now) / (look_ins + 1), low), high)
     approach = _APPROACH if schedule.approach else 0.0

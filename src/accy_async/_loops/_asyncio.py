@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import types
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Coroutine, Generator
@@ -109,12 +110,11 @@ class AsyncioLoop(Loop):
 
     __slots__ = (
         "__weakref__",
-        "_admitted",
         "_bridge",
         "_clock",
         "_close_timer",
-        "_next_pass_scheduled",
         "_queued",
+        "_tokens",
         "loop",
     )
 
@@ -124,9 +124,8 @@ class AsyncioLoop(Loop):
         self._bridge = _Bridge(loop)
         self._clock: AlarmClock | None = None
         self._close_timer: Any = None
-        self._admitted = 0
+        self._tokens = ADMITTED_PER_PASS
         self._queued: deque[asyncio.Future[None]] = deque()
-        self._next_pass_scheduled = False
 
     @property
     def clock(self) -> AlarmClock:
@@ -162,38 +161,45 @@ class AsyncioLoop(Loop):
         return YIELD
 
     def admit(self) -> Awaitable[None]:
-        """A checkpoint, or a wait for a later pass when this one admitted enough launches."""
-        if self._admitted < ADMITTED_PER_PASS and not self._queued:
-            self._admitted += 1
-            self._schedule_next_pass()
-            return YIELD
-        return self._queue_for_a_later_pass()
+        """A checkpoint that holds one of the loop's admission tokens until the task resumes.
 
-    async def _queue_for_a_later_pass(self) -> None:
+        With every token out (as many tasks yielded in admission and not yet
+        resumed), the caller queues; a task that resumes hands its token to the
+        first in the queue, which resumes a pass later. So at most
+        :data:`ADMITTED_PER_PASS` admitted launches run per pass, and a lone
+        task pays one yield and no scheduled callback.
+        """
+        if self._tokens and not self._queued:
+            self._tokens -= 1
+            return _admitted(self)
+        return self._queue_for_a_token()
+
+    async def _queue_for_a_token(self) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queued.append(future)
-        self._schedule_next_pass()
-        await future  # cancelled: the pass skips it
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled():  # the token reached it: pass it on
+                self.pass_token_on()
+            raise
+        self.pass_token_on()
 
-    def _schedule_next_pass(self) -> None:
-        if not self._next_pass_scheduled:
-            loop = self.loop()
-            if loop is not None:
-                self._next_pass_scheduled = True
-                loop.call_soon(self._next_pass)
+    @property
+    def free_admissions(self) -> int:
+        """Admission tokens not held (see :meth:`admit`)."""
+        return self._tokens
 
-    def _next_pass(self) -> None:
-        """Runs once per pass while launches are admitted: lets the next ones through."""
-        self._next_pass_scheduled = False
-        self._admitted = 0
+    def pass_token_on(self) -> None:
+        """An admitted task resumed: its token goes to the first queued launch, or back."""
         queued = self._queued
-        while queued and self._admitted < ADMITTED_PER_PASS:
+        while queued:
             future = queued.popleft()
             if not future.done():
-                future.set_result(None)
-                self._admitted += 1
-        if self._admitted:
-            self._schedule_next_pass()
+                with contextlib.suppress(RuntimeError):  # the loop closed under it
+                    future.set_result(None)
+                    return
+        self._tokens += 1
 
     def wait(self, register: Register) -> Coroutine[Any, Any, None]:
         """Await the callback ``register`` hands to a backend (see :meth:`Loop.wait`)."""
@@ -207,6 +213,15 @@ class AsyncioLoop(Loop):
             await future
         finally:
             alarm.cancel()
+
+
+@types.coroutine
+def _admitted(state: AsyncioLoop) -> Generator[None, None, None]:
+    """The admitted launch's yield; resumed (or cancelled, or closed), it passes its token on."""
+    try:
+        yield
+    finally:
+        state.pass_token_on()
 
 
 async def _wait(bridge: _Bridge, register: Register) -> None:

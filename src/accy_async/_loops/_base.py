@@ -51,6 +51,11 @@ class Loop(ABC):
         otherwise hold the loop (and every timer) for all of theirs at once.
         """
 
+    @property
+    @abstractmethod
+    def free_admissions(self) -> int:
+        """Admission tokens not held: :data:`ADMITTED_PER_PASS` when no launch is being admitted."""
+
     @abstractmethod
     def wait(self, register: Register) -> Coroutine[Any, Any, None]:
         """Await the callback that ``register`` hands to a backend.

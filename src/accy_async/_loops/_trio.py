@@ -91,16 +91,15 @@ def _wake(waiter: _Waiter, error: BaseException | None) -> None:
 class TrioLoop(Loop):
     """The library's state for one trio run."""
 
-    __slots__ = ("_admitted", "_bridge", "_clock", "_lot", "_next_pass_scheduled", "_token")
+    __slots__ = ("_bridge", "_clock", "_lot", "_token", "_tokens")
 
     def __init__(self) -> None:
         super().__init__()
         self._token = trio.lowlevel.current_trio_token()
         self._bridge = _Bridge(self._token)
         self._clock: AlarmClock | None = None
-        self._admitted = 0
+        self._tokens = ADMITTED_PER_PASS
         self._lot = trio.lowlevel.ParkingLot()
-        self._next_pass_scheduled = False
 
     @property
     def clock(self) -> AlarmClock:
@@ -123,28 +122,35 @@ class TrioLoop(Loop):
         return trio.lowlevel.checkpoint()  # noqa: ASYNC105 - awaited by the caller
 
     def admit(self) -> Coroutine[Any, Any, None]:
-        """A checkpoint, or a wait for a later batch when this one admitted enough launches."""
-        if self._admitted < ADMITTED_PER_PASS and not self._lot:
-            self._admitted += 1
-            self._schedule_next_pass()
-            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 - awaited by the caller
-        self._schedule_next_pass()
-        return self._lot.park()
+        """A checkpoint that holds one of the run's admission tokens until the task resumes.
 
-    def _schedule_next_pass(self) -> None:
-        if not self._next_pass_scheduled:
-            self._next_pass_scheduled = True
-            self._token.run_sync_soon(self._next_pass)
-
-    def _next_pass(self) -> None:
-        """Runs once per batch while launches come: lets the waiting ones through, in order.
-
-        trio runs a callback queued while it drains its queue in its next round.
+        With every token out the caller parks; a task that resumes hands its
+        token to the first parked one, which runs in a later batch. No
+        ``run_sync_soon`` (a write to trio's wake-up socket) on the way.
         """
-        self._next_pass_scheduled = False
-        self._admitted = len(self._lot.unpark(count=ADMITTED_PER_PASS))
-        if self._admitted:
-            self._schedule_next_pass()
+        if self._tokens and not self._lot:
+            self._tokens -= 1
+            return self._admitted()
+        return self._park_for_a_token()
+
+    async def _admitted(self) -> None:
+        try:
+            await trio.lowlevel.checkpoint()
+        finally:
+            self._pass_token_on()
+
+    async def _park_for_a_token(self) -> None:
+        await self._lot.park()  # cancelled while parked: it never got a token
+        self._pass_token_on()
+
+    @property
+    def free_admissions(self) -> int:
+        """Admission tokens not held (see :meth:`admit`)."""
+        return self._tokens
+
+    def _pass_token_on(self) -> None:
+        if not self._lot.unpark(count=1):
+            self._tokens += 1
 
     def wait(self, register: Register) -> Coroutine[Any, Any, None]:
         """Await the callback ``register`` hands to a backend (see :meth:`Loop.wait`)."""
