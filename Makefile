@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck check bench tune-bench reliability reliability-long fuzz-long clean
+.PHONY: test demo lint typecheck check bench tune-bench reliability reliability-long fuzz-long clean install-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,3 +46,17 @@ fuzz-long: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache
+
+# A plain `pip install .` (the wheel, no extras) in a fresh virtual environment: the package
+# imports, says its version, runs the demo and validates its shipped plans.
+install-check:
+	rm -rf build/install-check && mkdir -p build/install-check
+	$(PYTHON) -m venv build/install-check/venv
+	build/install-check/venv/bin/python -m pip install --quiet --upgrade pip
+	build/install-check/venv/bin/python -m pip wheel --quiet --no-deps -w build/install-check .
+	build/install-check/venv/bin/python -m pip install --quiet build/install-check/*.whl
+	cd build/install-check && venv/bin/python -c "import accy_async; print(accy_async.__version__)"
+	cd build/install-check && venv/bin/accy-async --version
+	cd build/install-check && venv/bin/accy-async demo -n 1000 --repeat 1 --quiet
+	cd build/install-check && venv/bin/accy-async validate prefix_sum_f32 prefix_sum_i32 \
+		prefix_sum_f32_b64 saxpy_f32 sum_f32 venv/lib/python*/site-packages/accy_async/library/plans/*.json

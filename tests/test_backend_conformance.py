@@ -240,13 +240,20 @@ async def test_deferred_destroy_releases_after_the_work_completes(backend: Backe
     assert backend.deferred_count == 0
 
 
-async def test_a_closed_backend_refuses_work_and_warns_about_leaks() -> None:
+async def test_a_closed_backend_refuses_work_and_warns_about_leaks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     kinds: tuple[accy.backends.BackendKind, ...] = ("recording", "cpu")
     for kind in kinds:
         backend = accy.create_backend(kind)
         leaked = backend.allocate_buffer(64)
+        caplog.clear()
         with pytest.warns(ResourceWarning, match="still alive"):
             await backend.aclose()
+        # Logged too (Python hides ResourceWarning by default), naming the object.
+        (record,) = [r for r in caplog.records if "still alive" in r.getMessage()]
+        assert record.name == "accy_async" and record.levelname == "WARNING"
+        assert repr(leaked) in record.getMessage()
         assert leaked.id not in backend.live_objects()
         with pytest.raises(accy.BackendClosed):
             backend.allocate_buffer(64)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import accy_async
 from accy_async import library
 from accy_async import plan as p
+from accy_async.backends.cpu import host_memory_available
 from accy_async.cli import main
 
 
@@ -119,3 +122,180 @@ def test_schema_is_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     target = tmp_path / "schema.json"
     assert main(["schema", "--output", str(target)]) == 0
     assert json.loads(target.read_text()) == schema
+
+
+def _cuda_usable() -> bool:
+    from accy_async.backends.cuda_driver import probe_cuda
+
+    return probe_cuda()[0]
+
+
+NO_GPU = pytest.mark.skipif(_cuda_usable(), reason="the machine has a usable GPU")
+
+# Every mistake: (arguments, what the one-line message names). Run in a folder holding
+# f64.npy (1,000 float64), flat.npy (1,000 float32), 2d.npy ((10, 100) float32),
+# notnpy.npy (text) and a folder named folder.
+MISTAKES = [
+    pytest.param(["demo", "-n", "-5"], "-n", id="demo -n -5"),
+    pytest.param(["demo", "-n", "abc"], "-n", id="demo -n abc"),
+    pytest.param(["demo", "--repeat", "0"], "--repeat", id="demo --repeat 0"),
+    pytest.param(["demo", "--backend", "cuda"], "NVIDIA", id="demo on cuda", marks=NO_GPU),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=10", "--backend", "cuda"],
+        "NVIDIA",
+        id="run on cuda",
+        marks=NO_GPU,
+    ),
+    pytest.param(["tune", "--backend", "cuda"], "NVIDIA", id="tune on cuda", marks=NO_GPU),
+    pytest.param(["bench"], "NVIDIA", id="bench", marks=NO_GPU),
+    pytest.param(["run", "prefix_sum_f32", "--scalar", "n=abc"], "--scalar n", id="scalar abc"),
+    pytest.param(["run", "prefix_sum_f32"], "--scalar", id="scalar missing"),
+    pytest.param(["run", "prefix_sum_f32", "--scalar", "m=3"], "'m'", id="scalar unknown"),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=1000", "--operand", "x=missing.npy"],
+        "missing.npy",
+        id="operand file missing",
+    ),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=1000", "--operand", "x"],
+        "NAME=FILE.npy",
+        id="operand without =",
+    ),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=1000", "--operand", "x=folder"],
+        "folder",
+        id="operand a folder",
+    ),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=1000", "--operand", "z=flat.npy"],
+        "no operand 'z'",
+        id="operand misspelled",
+    ),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=1000", "--operand", "x=f64.npy"],
+        "float64",
+        id="operand dtype",
+    ),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=1000", "--operand", "x=2d.npy"],
+        "(10, 100)",
+        id="operand 2-d",
+    ),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=1000", "--operand", "x=notnpy.npy"],
+        "not a .npy",
+        id="operand not npy",
+    ),
+    pytest.param(
+        ["run", "prefix_sum_i32", "--scalar", "n=1000", "--operand", "x=flat.npy"],
+        "int32",
+        id="float operand into an i32 plan",
+    ),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=4294967295"],  # 100 GB of arrays
+        "host memory",
+        id="more memory than the machine has",
+        marks=pytest.mark.skipif(
+            (host_memory_available() or 0) > 90e9, reason="the machine has over 90 GB free"
+        ),
+    ),
+    pytest.param(["run", "prefix_sum_f32", "--scalar", "n=-3"], "--scalar n", id="scalar < 0"),
+    pytest.param(
+        ["run", "prefix_sum_f32", "--scalar", "n=4294967296"], "--scalar n", id="scalar > u32"
+    ),
+    pytest.param(["run", "folder", "--scalar", "n=3"], "folder", id="run a folder"),
+    pytest.param(["run", "nothing_here"], "neither a file", id="run an unknown plan"),
+    pytest.param(["tune", "nothing_here"], "neither a file", id="tune an unknown name"),
+    pytest.param(["tune", "folder"], "folder", id="tune a folder"),
+    pytest.param(["tune", "-n", "0"], "-n", id="tune -n 0"),
+    pytest.param(["tune", "--budget", "0"], "--budget", id="tune --budget 0"),
+    pytest.param(["tune", "--budget", "-1"], "--budget", id="tune --budget -1"),
+    pytest.param(
+        ["schema", "--output", "/nonexistent/folder/x.json"], "--output", id="schema output"
+    ),
+]
+
+
+@pytest.mark.parametrize(("arguments", "named"), MISTAKES)
+def test_a_mistake_is_one_line_naming_it_with_status_2(
+    arguments: list[str],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    np.save("f64.npy", np.zeros(1000))
+    np.save("flat.npy", np.zeros(1000, dtype=np.float32))
+    np.save("2d.npy", np.zeros((10, 100), dtype=np.float32))
+    Path("notnpy.npy").write_text("not an array")
+    Path("folder").mkdir()
+    before = sorted(path.name for path in tmp_path.iterdir())
+    try:
+        status = main([*arguments, *(["--backend", "cpu"] if _wants_cpu(arguments) else [])])
+    except SystemExit as exit_:  # argparse's own errors
+        status = exit_.code  # type: ignore[assignment]
+    captured = capsys.readouterr()
+    assert status == 2, captured
+    lines = captured.err.strip().splitlines()
+    assert lines and named in lines[-1], captured.err
+    assert "Traceback" not in captured.err
+    assert sorted(path.name for path in tmp_path.iterdir()) == before  # nothing written
+
+
+def _wants_cpu(arguments: list[str]) -> bool:
+    """Run and tune mistakes that are not about the backend run on the CPU (quick, anywhere)."""
+    return arguments[0] in ("run", "tune") and "--backend" not in arguments
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"accy-async {accy_async.__version__}"
+
+
+def test_run_never_overwrites_without_force(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    common = ["run", "prefix_sum_f32", "--scalar", "n=100", "--backend", "cpu", "--quiet"]
+    assert main(common) == 0
+    assert main(common) == 0  # a second run goes to a fresh folder
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["accy-run-1", "accy-run-2"]
+    assert sorted(path.name for path in (tmp_path / "accy-run-1").iterdir()) == ["x.npy", "y.npy"]
+    assert main([*common, "--out", "accy-run-1"]) == 2
+    assert main([*common, "--out", "accy-run-1", "--force"]) == 0
+
+
+def test_every_option_has_help() -> None:
+    from accy_async.cli import parser
+
+    top = parser()
+    commands = next(
+        action for action in top._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    for name, command in commands.choices.items():
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction) or name == "bench":
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+            assert "``" not in action.help
+    assert "``" not in (top.description or "")
+
+
+def test_validate_reports_every_file_and_reads_msgpack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    packed = tmp_path / "plan.msgpack"
+    packed.write_bytes(p.encode_msgpack(library.load_builtin("saxpy_f32")))
+    status = main(["validate", str(tmp_path), str(tmp_path / "missing.json"), str(packed)])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 1
+    assert [line.split(":")[0] for line in out] == [
+        str(tmp_path),
+        str(tmp_path / "missing.json"),
+        str(packed),
+    ]
+    assert out[0].endswith("is a folder; give a plan file")
+    assert out[2].endswith("valid")

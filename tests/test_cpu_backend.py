@@ -136,9 +136,9 @@ async def test_a_kernel_error_poisons_the_backend_and_fails_every_waiter(
     assert len(errors) >= 2
     assert all("IndexError" in str(error) for error in errors)
     assert isinstance(errors[0].__cause__, accy.DeviceFault)
-    with pytest.raises(accy.DeviceFault):
+    with pytest.raises(accy.DeviceFault, match=r"poisoned by an earlier device fault.*IndexError"):
         backend.allocate_buffer(16)
-    with pytest.raises(accy.DeviceFault):
+    with pytest.raises(accy.DeviceFault, match="poisoned"):
         backend.launch(bad, [buffer.bind()], [], (1, 1, 1), (1, 1, 1))
     for obj in (bad, slow, other, buffer, never):
         backend.destroy(obj)

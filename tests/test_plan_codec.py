@@ -13,7 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import accy_async as accy
+from accy_async import library
 from accy_async import plan as p
+from accy_async.errors import PlanError
 
 from . import strategies
 from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY
@@ -398,3 +400,32 @@ def test_schema_names_every_plan_document_kind() -> None:
     bad["pipeline"]["operand_count"] = -1
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: p.U32(1e6), "not an int"),  # type: ignore[arg-type]
+        (lambda: p.U32(-1), "outside"),
+        (lambda: p.U32(2**32), "outside"),
+        (lambda: p.I32(2**31), "outside"),
+        (lambda: p.I64(True), "not an int"),
+        (lambda: p.U64(2**64), "outside"),
+        (lambda: p.F32("1"), "not a float"),  # type: ignore[arg-type]
+        (lambda: p.F32(1e39), "not a finite float32"),
+    ],
+)
+def test_scalar_constructors_refuse_values_that_do_not_fit(
+    make: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(PlanError, match=message) as caught:
+        make()
+    assert caught.value.path == "$.value"
+
+
+def test_plain_numbers_are_typed_by_the_plan() -> None:
+    pipeline = library.prefix_sum(p.DType.F32, 256).pipeline
+    assert pipeline.validate_runtime_scalar_arguments([1000]) == (p.U32(1000),)
+    with pytest.raises(accy.LaunchArgumentMismatch, match="runtime scalar argument 0") as caught:
+        pipeline.validate_runtime_scalar_arguments([-1])
+    assert caught.value.path == "$.runtime_scalar_arguments[0]"

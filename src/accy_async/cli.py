@@ -14,19 +14,19 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import anyio
 import anyio.to_thread
 import msgspec
 import numpy as np
 
-from . import library
+from . import __version__, library
 from .backends import auto_backend_choice, open_backend
 from .buffers import download, upload
-from .errors import AccyError, InvalidArtifact, PlanError
+from .errors import AccyError, InvalidArtifact, OutOfDeviceMemory
 from .pipeline import (
     PipelineLaunch,
     allocate_pipeline_intermediates,
@@ -41,6 +41,7 @@ from .plan import (
     PlanDocument,
     ScalarArgument,
     decode_json,
+    decode_msgpack,
     json_schema,
     resolve_quantity,
     scalar,
@@ -67,11 +68,21 @@ class Progress:
             print(f"[{elapsed:7.3f} s] {message}", file=self.stream, flush=True)
 
 
+MSGPACK_SUFFIXES: Final = (".msgpack", ".mpk", ".msgpk")
+"""Plan files with these suffixes are read as MessagePack; any other file as JSON."""
+
+
 def load_document(reference: str) -> PlanDocument:
-    """A plan from a file path, or a built-in plan by name."""
+    """A plan from a file path (JSON, or MessagePack by suffix), or a built-in plan by name."""
     path = Path(reference)
+    if path.is_dir():
+        raise AccyError(f"{reference} is a folder; give a plan file")
     if path.exists():
-        document: PlanDocument = decode_json(path.read_bytes(), PlanDocument)
+        data = path.read_bytes()
+        if path.suffix.lower() in MSGPACK_SUFFIXES:
+            packed: PlanDocument = decode_msgpack(data, PlanDocument)
+            return packed
+        document: PlanDocument = decode_json(data, PlanDocument)
         return document
     if reference in library.BUILTIN_PLANS:
         return library.load_builtin(reference)
@@ -170,25 +181,95 @@ def parse_scalars(document: PipelineDocument, given: Sequence[str]) -> tuple[Sca
     missing = [names[i] if i < len(names) else str(i) for i, v in enumerate(values) if v is None]
     if missing:
         raise AccyError(f"give the runtime scalars {missing} with --scalar NAME=VALUE")
-    return tuple(
-        scalar(kind, float(value) if kind.startswith("f") else int(value, 0))
-        for kind, value in zip(types, values, strict=True)
-        if value is not None
-    )
+    parsed = []
+    for index, (kind, text) in enumerate(zip(types, values, strict=True)):
+        assert text is not None
+        label = names[index] if index < len(names) else str(index)
+        try:
+            parsed.append(scalar(kind, float(text) if kind.startswith("f") else int(text, 0)))
+        except (ValueError, AccyError) as exc:
+            reason = exc.message if isinstance(exc, AccyError) else "not a number"
+            raise AccyError(
+                f"--scalar {label}={text}: {reason} ({kind})", path=f"--scalar {label}"
+            ) from None
+    return tuple(parsed)
+
+
+def parse_operand_files(document: PipelineDocument, given: Sequence[str]) -> dict[str, str]:
+    """``NAME=FILE.npy`` items as a dict, every name one of the plan's operands."""
+    known = [spec.name for spec in document.operands]
+    files: dict[str, str] = {}
+    for item in given:
+        name, equals, file = item.partition("=")
+        if not equals or not name or not file:
+            raise AccyError(f"--operand {item!r}: write it as NAME=FILE.npy", path="--operand")
+        if name not in known:
+            raise AccyError(
+                f"--operand {name}: the plan has no operand {name!r} (it takes {known})",
+                path="--operand",
+            )
+        files[name] = file
+    return files
 
 
 def make_operand(
-    spec_dtype: DType, count: int, source: str | None, rng: np.random.Generator
+    name: str, spec_dtype: DType, count: int, source: str | None, rng: np.random.Generator
 ) -> np.ndarray[Any, Any]:
+    """Operand ``name`` read from ``source`` (checked against the plan) or generated."""
     dtype = np.dtype(spec_dtype.numpy_name)
-    if source is not None:
-        array = np.load(source)
-        if array.size != count:
-            raise AccyError(f"{source} holds {array.size} elements, the plan needs {count}")
-        return np.ascontiguousarray(array.reshape(-1), dtype=dtype)
-    if dtype.kind == "f":
-        return rng.random(count).astype(dtype)
-    return rng.integers(0, 100, count).astype(dtype)
+    if source is None:
+        if dtype.kind == "f":
+            return rng.random(count).astype(dtype)
+        return rng.integers(0, 100, count).astype(dtype)
+    if Path(source).is_dir():
+        raise AccyError(f"--operand {name}={source}: a folder, not a .npy file", path="--operand")
+    try:
+        array = np.load(source, allow_pickle=False)
+    except (ValueError, EOFError) as exc:
+        raise AccyError(
+            f"--operand {name}={source}: not a .npy array ({exc})", path="--operand"
+        ) from None
+    if not isinstance(array, np.ndarray):
+        raise AccyError(f"--operand {name}={source}: not a single .npy array", path="--operand")
+    if array.dtype != dtype:
+        raise AccyError(
+            f"--operand {name}={source}: holds {array.dtype}, the plan takes {dtype} "
+            f"(convert it first, e.g. np.save(path, array.astype(np.{dtype})))",
+            path="--operand",
+        )
+    if array.ndim != 1 or array.size != count:
+        raise AccyError(
+            f"--operand {name}={source}: shape {array.shape}, the plan takes ({count},)",
+            path="--operand",
+        )
+    return np.ascontiguousarray(array)
+
+
+def _check_host_memory(document: PipelineDocument, scalars: Sequence[ScalarArgument]) -> None:
+    """Refuse a run whose arrays (and their generation) would not fit in the host's memory."""
+    from .backends.cpu import host_memory_available
+
+    available = host_memory_available()
+    specs = [*document.operands, *document.results]
+    # Each array lives on the host (generated or read, then downloaded); generating one goes
+    # through 8-byte values.
+    needed = sum(resolve_quantity(spec.extent, scalars) * (spec.dtype.size + 8) for spec in specs)
+    if available is not None and needed > available:
+        raise OutOfDeviceMemory(
+            f"the operands and results need about {needed:,} bytes of host memory; "
+            f"{available:,} are available (give smaller runtime scalars)"
+        )
+
+
+def output_folder(requested: str | None) -> Path:
+    """``--out`` as given, or a fresh ``accy-run-N`` folder in the working folder."""
+    if requested is not None:
+        return Path(requested)
+    for number in range(1, 10_000):
+        candidate = Path(f"accy-run-{number}")
+        if not candidate.exists():
+            return candidate
+    raise AccyError("no free accy-run-N folder here; give --out")
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -203,16 +284,33 @@ async def run(args: argparse.Namespace) -> int:
             "the plan does not describe its operands and results, so `run` cannot size them"
         )
     scalars = parse_scalars(document, args.scalar)
-    sources = dict(item.partition("=")[::2] for item in args.operand)
+    sources = parse_operand_files(document, args.operand)
+    _check_host_memory(document, scalars)
     rng = np.random.default_rng(args.seed)
     inputs = [
         make_operand(
-            spec.dtype, resolve_quantity(spec.extent, scalars), sources.get(spec.name), rng
+            spec.name,
+            spec.dtype,
+            resolve_quantity(spec.extent, scalars),
+            sources.get(spec.name),
+            rng,
         )
         for spec in document.operands
     ]
-    out = anyio.Path(args.out)
-    await out.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(args.out)
+    written = [spec.name for spec in document.results] + [
+        spec.name for spec in document.operands if spec.name not in sources
+    ]
+    clashes = [name for name in written if (folder / f"{name}.npy").exists()]
+    if clashes and not args.force:
+        raise AccyError(
+            f"{folder} already holds {', '.join(f'{name}.npy' for name in clashes)}; "
+            "give another --out, or --force to overwrite",
+            path="--out",
+        )
+    if folder.exists() and not folder.is_dir():
+        raise AccyError(f"--out {folder}: not a folder", path="--out")
+    out = anyio.Path(folder)
     async with open_backend(args.backend) as backend:
         fmt = choose_format(backend, document)
         progress.step(f"{backend.kind} backend ({backend.name}), {fmt.value} kernels")
@@ -239,6 +337,7 @@ async def run(args: argparse.Namespace) -> int:
             )
             elapsed = time.perf_counter() - start
             progress.step(f"done in {elapsed * 1e3:.3f} ms; reading results")
+            await out.mkdir(parents=True, exist_ok=True)  # only now: a failed run writes nothing
             for spec, buffer in zip(document.results, results, strict=True):
                 values = await download(
                     backend, buffer, spec.dtype, resolve_quantity(spec.extent, scalars)
@@ -248,7 +347,9 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"{spec.name}: {values.size} {spec.dtype.value} -> {path}")
             for spec, values in zip(document.operands, inputs, strict=True):
                 if spec.name not in sources:
-                    await anyio.to_thread.run_sync(np.save, str(out / f"{spec.name}.npy"), values)
+                    path = out / f"{spec.name}.npy"
+                    await anyio.to_thread.run_sync(np.save, str(path), values)
+                    print(f"{spec.name}: {values.size} {spec.dtype.value} (generated) -> {path}")
         finally:
             backend.destroy_all([*operands, *results])
     return 0
@@ -263,8 +364,10 @@ def validate(args: argparse.Namespace) -> int:
         problems: list[AccyError] = []
         try:
             document = load_document(reference)
-        except PlanError as exc:
+        except AccyError as exc:
             problems.append(exc)
+        except OSError as exc:
+            problems.append(AccyError(f"cannot read it: {exc.strerror or exc}"))
         else:
             if isinstance(document, PipelineDocument):
                 if not document.registry.entries:
@@ -283,7 +386,10 @@ def validate(args: argparse.Namespace) -> int:
                 try:
                     document.graph.validate(document.artifact_plan)
                 except AccyError as exc:
-                    problems.append(exc)
+                    path = exc.path
+                    if path is not None and path.startswith("$") and not path.startswith("$.graph"):
+                        path = f"$.graph{path[1:]}"
+                    problems.append(type(exc)(exc.message, path=path))
         if problems:
             failed += 1
             for problem in problems:
@@ -296,7 +402,12 @@ def validate(args: argparse.Namespace) -> int:
 def schema(args: argparse.Namespace) -> int:
     text = msgspec.json.format(msgspec.json.encode(json_schema()), indent=2).decode()
     if args.output:
-        Path(args.output).write_text(text + "\n")
+        try:
+            Path(args.output).write_text(text + "\n")
+        except OSError as exc:
+            raise AccyError(
+                f"--output {args.output}: cannot write it ({exc.strerror or exc})", path="--output"
+            ) from None
     else:
         print(text)
     return 0
@@ -305,69 +416,147 @@ def schema(args: argparse.Namespace) -> int:
 # ----- entry point -------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="accy-async", description=__doc__.splitlines()[0])
+    top = argparse.ArgumentParser(
+        prog="accy-async", description=__doc__.splitlines()[0].replace("``", "")
+    )
+    top.add_argument("--version", action="version", version=f"accy-async {__version__}")
     commands = top.add_subparsers(dest="command", required=True)
+    backend_help = "auto (the GPU if there is one, else the CPU), cuda or cpu"
 
     demo_cmd = commands.add_parser("demo", help="prefix sum on the default backend, verified")
-    demo_cmd.add_argument("-n", type=int, default=10_000_003, help="elements (default 10,000,003)")
-    demo_cmd.add_argument("--backend", choices=BACKENDS, default="auto")
-    demo_cmd.add_argument("--repeat", type=int, default=5)
-    demo_cmd.add_argument("--seed", type=int, default=0)
+    demo_cmd.add_argument(
+        "-n", type=positive_int, default=10_000_003, help="elements (default 10,000,003)"
+    )
+    demo_cmd.add_argument("--backend", choices=BACKENDS, default="auto", help=backend_help)
+    demo_cmd.add_argument(
+        "--repeat", type=positive_int, default=5, help="timed runs; the best is shown (default 5)"
+    )
+    demo_cmd.add_argument("--seed", type=int, default=0, help="seed of the random input")
     demo_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     demo_cmd.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     run_cmd = commands.add_parser("run", help="run a pipeline plan file or built-in plan")
-    run_cmd.add_argument("plan", help=f"a plan file, or one of {', '.join(library.BUILTIN_PLANS)}")
-    run_cmd.add_argument("--scalar", action="append", default=[], metavar="NAME=VALUE")
+    run_cmd.add_argument(
+        "plan",
+        help=f"a plan file (JSON, or MessagePack named *.msgpack), or one of "
+        f"{', '.join(library.BUILTIN_PLANS)}",
+    )
+    run_cmd.add_argument(
+        "--scalar",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a runtime scalar of the plan, e.g. n=1000 (repeat for each)",
+    )
     run_cmd.add_argument(
         "--operand",
         action="append",
         default=[],
         metavar="NAME=FILE.npy",
-        help="read an operand from .npy (otherwise it is generated)",
+        help="read an operand from a 1-D .npy of the plan's dtype (otherwise it is generated)",
     )
-    run_cmd.add_argument("--out", default=".", help="folder for the results' .npy files")
-    run_cmd.add_argument("--backend", choices=BACKENDS, default="auto")
-    run_cmd.add_argument("--seed", type=int, default=0)
-    run_cmd.add_argument("--quiet", action="store_true")
+    run_cmd.add_argument(
+        "--out",
+        help="folder for the results and generated operands (default: a new ./accy-run-N)",
+    )
+    run_cmd.add_argument(
+        "--force", action="store_true", help="overwrite .npy files already in --out"
+    )
+    run_cmd.add_argument("--backend", choices=BACKENDS, default="auto", help=backend_help)
+    run_cmd.add_argument("--seed", type=int, default=0, help="seed of generated operands")
+    run_cmd.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     validate_cmd = commands.add_parser("validate", help="check plan files, listing every error")
-    validate_cmd.add_argument("plans", nargs="+")
+    validate_cmd.add_argument(
+        "plans", nargs="+", help="plan files (JSON, or MessagePack named *.msgpack) or built-ins"
+    )
 
     schema_cmd = commands.add_parser("schema", help="print the JSON Schema of plan files")
-    schema_cmd.add_argument("--output", help="write it to this file")
+    schema_cmd.add_argument("--output", help="write it to this file instead")
 
-    add_tune_parser(commands, BACKENDS)
+    add_tune_parser(commands, BACKENDS, positive_int, positive_float)
 
-    bench_cmd = commands.add_parser(
-        "bench", help="GPU launch cost and completion latency", add_help=False
+    commands.add_parser(
+        "bench",
+        help="GPU launch cost and completion latency (accy-async bench --help)",
+        add_help=False,
     )
-    bench_cmd.add_argument("bench_arguments", nargs=argparse.REMAINDER)
     return top
 
 
+def _one_line(error: BaseException) -> str | None:
+    """The message for an error a user can cause, or ``None`` for a bug (which keeps its trace)."""
+    if isinstance(error, AccyError):
+        return f"{type(error).__name__}: {error}"
+    if isinstance(error, FileNotFoundError):
+        return f"no such file: {error.filename}"
+    if isinstance(error, IsADirectoryError):
+        return f"{error.filename} is a folder, not a file"
+    if isinstance(error, PermissionError):
+        return f"permission denied: {error.filename}"
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.filename}: {error.strerror or error}"
+    if isinstance(error, BaseExceptionGroup):
+        lines = [_one_line(each) for each in error.exceptions]
+        if all(line is not None for line in lines):
+            return "; ".join(line for line in lines if line is not None)
+    return None
+
+
+def _report(run: Callable[[], int]) -> int:
+    """``run()``, with a user's mistake (or Ctrl-C) as one line on stderr instead of a trace."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print("accy-async: interrupted", file=sys.stderr)
+        return 130
+    except (AccyError, OSError, BaseExceptionGroup) as exc:
+        line = _one_line(exc)
+        if line is None:
+            raise
+        print(f"accy-async: {line}", file=sys.stderr)
+        return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status (2 for a user's mistake, 130 on Ctrl-C)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["bench"]:
         from .bench import main as bench_main
 
-        return bench_main(arguments[1:])
+        return _report(lambda: bench_main(arguments[1:]))
     args = parser().parse_args(arguments)
-    try:
-        if args.command == "demo":
-            return anyio.run(demo, args)
-        if args.command == "run":
-            return anyio.run(run, args)
-        if args.command == "tune":
-            return anyio.run(tune, args)
-        if args.command == "validate":
-            return validate(args)
-        return schema(args)
-    except AccyError as exc:
-        print(f"accy-async: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+    commands: dict[str, Callable[[], int]] = {
+        "demo": lambda: anyio.run(demo, args),
+        "run": lambda: anyio.run(run, args),
+        "tune": lambda: anyio.run(tune, args),
+        "validate": lambda: validate(args),
+        "schema": lambda: schema(args),
+    }
+    return _report(commands[args.command])
 
 
 if __name__ == "__main__":

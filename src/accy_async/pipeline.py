@@ -225,10 +225,11 @@ class PipelineLaunch:
 
     pipeline: KernelCallPipeline
     registry: KernelCallRegistry
-    format: ArtifactFormat
+    format: ArtifactFormat | None = None
+    """``None``: the pool's format, or :func:`choose_format`'s without a pool."""
     operands: Sequence[BufferBinding] = ()
     results: Sequence[BufferBinding] = ()
-    runtime_scalar_arguments: Sequence[ScalarArgument] = ()
+    runtime_scalar_arguments: Sequence[ScalarArgument | int | float] = ()
     intermediates: Sequence[BufferBinding] | None = None
     artifacts: PipelineArtifactPool | None = None
     stream: StreamHandle | None = None
@@ -248,7 +249,7 @@ class _Program:
     entries: tuple[RegistryEntry, ...]
     refs: tuple[tuple[tuple[int, int], ...], ...]
     """Per stage, each buffer as ``(source, index)``: 0 operand, 1 result, 2 intermediate."""
-    resolved: OrderedDict[tuple[ScalarArgument, ...], _Resolved]
+    resolved: OrderedDict[tuple[ScalarArgument | int | float, ...], _Resolved]
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,14 +331,17 @@ def _program(
     return program
 
 
-def _resolve(program: _Program, arguments: Sequence[ScalarArgument]) -> _Resolved:
+def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float]) -> _Resolved:
     key = tuple(arguments)
     cached = program.resolved.get(key)
     if cached is not None:
         return cached
     pipeline = program.pipeline
-    pipeline.validate_runtime_scalar_arguments(arguments)
-    sizes = tuple(intermediate_byte_size(spec, arguments) for spec in pipeline.intermediates)
+    arguments = pipeline.validate_runtime_scalar_arguments(arguments)
+    sizes = tuple(
+        intermediate_byte_size(spec, arguments, index)
+        for index, spec in enumerate(pipeline.intermediates)
+    )
     stage_scalars = []
     geometry = []
     for stage_index, (stage, entry) in enumerate(
@@ -374,12 +378,15 @@ def _derive(
 # ----- public operations -------------------------------------------------------------------
 
 
-def choose_format(backend: Backend, document: PipelineDocument) -> ArtifactFormat:
-    """The first of the backend's preferred formats that the document's registry provides.
+def choose_format(backend: Backend, plan: PipelineDocument | KernelCallRegistry) -> ArtifactFormat:
+    """The first of the backend's preferred formats that the plan's registry provides.
 
-    Raises :class:`UnsupportedOperation` when the registry has none of them.
+    What :func:`load_pipeline_artifacts` and :func:`launch_pipeline` use when
+    given no format. Raises :class:`UnsupportedOperation` when the registry
+    has none of them.
     """
-    available = document.registry.formats()
+    registry = plan.registry if isinstance(plan, PipelineDocument) else plan
+    available = registry.formats()
     for candidate in backend.preferred_formats:
         if candidate in available:
             return candidate
@@ -390,19 +397,24 @@ def choose_format(backend: Backend, document: PipelineDocument) -> ArtifactForma
 
 
 def intermediate_byte_size(
-    spec: PipelineIntermediate, runtime_scalar_arguments: Sequence[ScalarArgument]
+    spec: PipelineIntermediate,
+    runtime_scalar_arguments: Sequence[ScalarArgument],
+    index: int | None = None,
 ) -> int:
-    """Bytes of one intermediate for these runtime scalars.
+    """Bytes of one intermediate (the pipeline's ``index``-th) for these runtime scalars.
 
     Raises :class:`InvalidArtifact` when the extent is zero or the size does
-    not fit in 63 bits (the seed's overflow check).
+    not fit in 63 bits (the seed's overflow check), naming the intermediate.
     """
+    path = None if index is None else f"$.pipeline.intermediates[{index}].extent"
     extent = resolve_quantity(spec.extent, runtime_scalar_arguments)
     if extent == 0:
-        raise InvalidArtifact("an intermediate resolves to zero elements")
+        raise InvalidArtifact("an intermediate resolves to zero elements", path=path)
     byte_size = extent * spec.dtype.size
     if byte_size > _MAX_BYTES:
-        raise InvalidArtifact(f"an intermediate of {extent} {spec.dtype.value} overflows")
+        raise InvalidArtifact(
+            f"an intermediate of {extent} {spec.dtype.value} overflows 63 bits", path=path
+        )
     return byte_size
 
 
@@ -410,14 +422,18 @@ async def load_pipeline_artifacts(
     backend: Backend,
     pipeline: KernelCallPipeline,
     registry: KernelCallRegistry,
-    format: ArtifactFormat,
+    format: ArtifactFormat | None = None,
 ) -> PipelineArtifactPool:
     """Create and load each stage's registry entry into a new pool.
 
-    The whole chain is checked against the registry first. A failure (or a
-    cancellation) part way unloads the stages already loaded.
+    ``format`` defaults to :func:`choose_format`'s (the backend's most
+    preferred that the registry has). The whole chain is checked against the
+    registry first. A failure (or a cancellation) part way unloads the stages
+    already loaded.
     """
     await checkpoint()
+    if format is None:
+        format = choose_format(backend, registry)
     program = _program(pipeline, registry, format)
     entries: list[PoolEntry] = []
     try:
@@ -433,7 +449,7 @@ async def load_pipeline_artifacts(
 async def allocate_pipeline_intermediates(
     backend: Backend,
     pipeline: KernelCallPipeline,
-    runtime_scalar_arguments: Sequence[ScalarArgument],
+    runtime_scalar_arguments: Sequence[ScalarArgument | int | float],
 ) -> PipelineIntermediates:
     """Allocate each intermediate once, sized for these runtime scalars, 256-byte aligned.
 
@@ -443,9 +459,10 @@ async def allocate_pipeline_intermediates(
     """
     await checkpoint()
     validate_plan(pipeline)
-    pipeline.validate_runtime_scalar_arguments(runtime_scalar_arguments)
+    arguments = pipeline.validate_runtime_scalar_arguments(runtime_scalar_arguments)
     sizes = [
-        intermediate_byte_size(spec, runtime_scalar_arguments) for spec in pipeline.intermediates
+        intermediate_byte_size(spec, arguments, index)
+        for index, spec in enumerate(pipeline.intermediates)
     ]
     return PipelineIntermediates(backend, _allocate(backend, pipeline, sizes))
 
@@ -500,10 +517,13 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             elif _relaunch(backend, pool, memo):
                 return
     pipeline = request.pipeline
+    fmt = request.format
+    if fmt is None:
+        fmt = pool.format if pool is not None else choose_format(backend, request.registry)
     if pool is not None and pool.pipeline is pipeline and pool.registry is request.registry:
         program = _program(pipeline, pool.registry, pool.format)
     else:
-        program = _program(pipeline, request.registry, request.format)
+        program = _program(pipeline, request.registry, fmt)
     operands, results, provided = request.operands, request.results, request.intermediates
     if len(operands) != pipeline.operand_count:
         raise LaunchArgumentMismatch(
@@ -519,7 +539,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         )
     resolved = _resolve(program, request.runtime_scalar_arguments)
     if pool is not None:
-        pool.accept(backend, program, request.format)
+        pool.accept(backend, program, fmt)
     stream = request.stream
     if stream is not None and not backend.owns(stream):
         raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")

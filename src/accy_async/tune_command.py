@@ -12,9 +12,9 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import anyio
 import msgspec
@@ -34,17 +34,42 @@ def default_cache_path() -> Path:
     return Path(root) / "accy-async" / "tuning.msgpack"
 
 
-def add_tune_parser(commands: Any, backends: Sequence[str]) -> None:
+BUILTIN_TARGETS: Final = {
+    "prefix_sum_f32": ("block_scan.f32", "prefix_sum.f32"),
+    "saxpy_f32": ("saxpy.f32",),
+    "sum_f32": ("partial_sum.f32",),
+}
+"""Built-in plan names ``tune`` takes, and the built-in tuning problems of each."""
+
+
+def add_tune_parser(
+    commands: Any,
+    backends: Sequence[str],
+    positive_int: Callable[[str], int],
+    positive_float: Callable[[str], float],
+) -> None:
     """Add the ``tune`` sub-command to ``commands`` (an argparse sub-parsers object)."""
     command = commands.add_parser("tune", help="tune kernels and pipelines, cache the winners")
     command.add_argument(
-        "plan", nargs="?", help="a tuning document (default: the built-in kernels)"
+        "plan",
+        nargs="?",
+        help="a tuning document file, a built-in plan "
+        f"({', '.join(BUILTIN_TARGETS)}) or problem name (default: every built-in kernel)",
     )
-    command.add_argument("--backend", choices=backends, default="auto")
-    command.add_argument("-n", type=int, default=DEFAULT_TUNING_N, help="built-in problem size")
+    command.add_argument(
+        "--backend",
+        choices=backends,
+        default="auto",
+        help="auto (the GPU if there is one, else the CPU), cuda or cpu",
+    )
+    command.add_argument(
+        "-n", type=positive_int, default=DEFAULT_TUNING_N, help="built-in problem size"
+    )
     command.add_argument("--cache", type=Path, help="cache file (default: the user's cache)")
     command.add_argument("--no-cache", action="store_true", help="neither read nor write a cache")
-    command.add_argument("--budget", type=float, help="seconds per problem before skipping")
+    command.add_argument(
+        "--budget", type=positive_float, help="seconds per problem before skipping the rest"
+    )
     command.add_argument("--flush-cache", action="store_true", help="flush L2 before samples")
     command.add_argument(
         "--sequential", action="store_true", help="compile and measure one after another"
@@ -118,11 +143,38 @@ def _table(results: Sequence[TuningResult], every: bool) -> str:
     )
 
 
+def _plan_file(reference: str | None) -> Path | None:
+    """The tuning document file named, ``None`` for the built-ins (all, or by name)."""
+    if reference is None:
+        return None
+    path = Path(reference)
+    if path.is_dir():
+        raise AccyError(f"{reference} is a folder; give a tuning document file")
+    if path.exists():
+        return path
+    names = {name for targets in BUILTIN_TARGETS.values() for name in targets}
+    if reference in BUILTIN_TARGETS or reference in names:
+        return None
+    raise AccyError(
+        f"{reference!r} is neither a file, a built-in plan ({', '.join(BUILTIN_TARGETS)}) "
+        f"nor a built-in problem ({', '.join(sorted(names))})"
+    )
+
+
+def _selected(problems: list[TuningProblem], name: str | None) -> list[TuningProblem]:
+    """The built-in problems of plan or problem ``name`` (all of them for ``None``)."""
+    if name is None:
+        return problems
+    wanted = BUILTIN_TARGETS.get(name, (name,))
+    return [problem for problem in problems if problem.name in wanted]
+
+
 async def tune(args: argparse.Namespace) -> int:
     """Run ``accy-async tune``; 0 when every problem has a winner."""
+    plan_file = _plan_file(args.plan)
     async with open_backend(args.backend) as backend:
-        if args.plan:
-            document = decode_json(await anyio.Path(args.plan).read_bytes(), TuningDocument)
+        if plan_file is not None:
+            document = decode_json(await anyio.Path(plan_file).read_bytes(), TuningDocument)
         else:
             fmt = (
                 ArtifactFormat.CUDA_SOURCE
@@ -130,7 +182,16 @@ async def tune(args: argparse.Namespace) -> int:
                 else ArtifactFormat.CPU
             )
             document = tuning_document(fmt, args.n)
-        problems: list[TuningProblem] = [*document.kernels, *document.pipelines]
+        problems: list[TuningProblem] = _selected(
+            [*document.kernels, *document.pipelines], None if plan_file else args.plan
+        )
+        candidates = sum(len(p.candidates) for p in problems)
+        if not args.quiet and not args.json:
+            print(
+                f"tuning {len(problems)} problems ({candidates} candidates) on {backend.name}; "
+                "each candidate is compiled, warmed up and timed until its median settles",
+                file=sys.stderr,
+            )
         bar = ProgressBar(
             sys.stderr, sum(len(p.candidates) for p in problems), quiet=args.quiet or args.json
         )

@@ -19,6 +19,7 @@ import abc
 import contextlib
 import enum
 import itertools
+import logging
 import threading
 import warnings
 from collections import deque
@@ -43,6 +44,8 @@ from ..errors import (
 from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
 from ._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
 from .forecast import Anticipation
+
+_logger: Final = logging.getLogger("accy_async")
 
 __all__ = [
     "ALREADY_FIRED",
@@ -1010,8 +1013,8 @@ class Backend(abc.ABC):
     async def aclose(self) -> None:
         """Wait for queued work, release deferred objects, and close the device.
 
-        Objects still live are destroyed with a :class:`ResourceWarning` naming
-        them. Idempotent.
+        Objects still live are destroyed, named in a warning on the
+        ``accy_async`` logger and in a :class:`ResourceWarning`. Idempotent.
         """
         if self._closed:
             await anyio.lowlevel.checkpoint()
@@ -1034,12 +1037,13 @@ class Backend(abc.ABC):
                     if not (isinstance(obj, BufferHandle) and obj.ownership is Ownership.EXTERNAL)
                 ]
                 if owned:
-                    warnings.warn(
+                    message = (
                         f"accy-async: {len(owned)} objects were still alive when the "
-                        f"{self.kind} backend closed: {owned[:8]!r}",
-                        ResourceWarning,
-                        stacklevel=2,
+                        f"{self.kind} backend closed (destroyed now): {owned[:8]!r}"
                     )
+                    # Python hides ResourceWarning by default: the log says it where people look.
+                    _logger.warning("%s", message)
+                    warnings.warn(message, ResourceWarning, stacklevel=2)
                 self.destroy_all(leaked)
             self._close()
 
@@ -1082,7 +1086,10 @@ class Backend(abc.ABC):
         error = self._unusable
         assert error is not None
         if isinstance(error, DeviceFault):
-            raise DeviceFault(error.message) from error
+            raise DeviceFault(
+                f"the {self.kind} backend is poisoned by an earlier device fault and runs "
+                f"nothing more (open a new backend): {error.message}"
+            ) from error
         raise BackendClosed(error.message)
 
     def _stream(self, stream: StreamHandle | None) -> StreamHandle:

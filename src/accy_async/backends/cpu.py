@@ -254,6 +254,13 @@ class CpuBackend(Backend):
         return worker
 
     def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
+        available = host_memory_available()
+        if available is not None and byte_size > available:
+            # The kernel would grant it (overcommit) and kill the process when it is touched.
+            raise OutOfDeviceMemory(
+                f"cannot allocate {byte_size:,} bytes of host memory: "
+                f"{available:,} bytes are available"
+            )
         try:
             raw = np.empty(byte_size + alignment, dtype=np.uint8)
         except MemoryError as exc:
@@ -506,3 +513,18 @@ class CpuBackend(Backend):
                 self.poison(fault)
 
         return guarded
+
+
+def host_memory_available() -> int | None:
+    """Bytes of memory the machine can still give (``MemAvailable``), ``None`` if unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None

@@ -61,7 +61,7 @@ from .base import (
     WaitPolicy,
 )
 from .compile_pool import CompilePool, shared_compile_pool
-from .cuda_driver import driver, probe_cuda, translate
+from .cuda_driver import driver, initialised_driver, probe_cuda, translate
 from .cuda_reactor import CompletionReactor
 from .forecast import CostModel, Forecast, Ledger, byte_features
 from .nvrtc import compile_source, nvrtc_version
@@ -370,8 +370,7 @@ class CudaBackend(Backend):
             kind: self._forecast.model(kind, kind, byte_features)
             for kind in ("copy to the device", "copy to the host", "copy on the device", "fill")
         }
-        d = driver()
-        self._check(d.cuInit(0), "initialising the driver")
+        d = initialised_driver()
         self._device = self._value(d.cuDeviceGet(device), f"opening device {device}")
         raw = self._value(d.cuDeviceGetName(256, self._device), "reading the device name")
         self._name = raw.split(b"\0", 1)[0].decode(errors="replace")

@@ -27,6 +27,7 @@ from ..errors import (
 __all__ = [
     "STICKY",
     "driver",
+    "initialised_driver",
     "libcuda",
     "probe_cuda",
     "translate",
@@ -128,6 +129,26 @@ def libcuda() -> ctypes.CDLL:
     library.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     library.cuLaunchHostFunc.restype = ctypes.c_int
     return library
+
+
+def initialised_driver() -> Any:
+    """``cuda.bindings.driver`` after ``cuInit``.
+
+    Raises :class:`RuntimeUnavailable` where cuda-python or the NVIDIA driver
+    is missing (a machine without a GPU), or the driver does not initialise.
+    """
+    try:
+        d = driver()
+    except ImportError as exc:
+        raise RuntimeUnavailable(f"cuda-python is not installed ({exc})") from exc
+    try:
+        (result,) = d.cuInit(0)
+    except Exception as exc:  # the driver library is missing: say so, not where it was looked for
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RuntimeUnavailable(f"no NVIDIA driver on this machine ({first_line})") from exc
+    if int(result):
+        raise RuntimeUnavailable(f"the CUDA driver does not initialise ({error_name(result)})")
+    return d
 
 
 def probe_cuda() -> tuple[bool, str]:

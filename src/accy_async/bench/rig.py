@@ -11,7 +11,7 @@ import ctypes
 import time
 from typing import Any
 
-from ..backends.cuda_driver import driver
+from ..backends.cuda_driver import driver, initialised_driver
 
 __all__ = ["BATCH", "KERNELS", "Rig", "ok"]
 
@@ -49,8 +49,7 @@ class Rig:
     def __init__(self) -> None:
         from ..backends.nvrtc import compile_source
 
-        d = driver()
-        ok(d.cuInit(0), "cuInit")
+        d = initialised_driver()
         self.device = ok(d.cuDeviceGet(0), "cuDeviceGet")
         self.context = ok(d.cuDevicePrimaryCtxRetain(self.device), "retain")
         ok(d.cuCtxSetCurrent(self.context), "set current")

@@ -7,11 +7,11 @@ from typing import Annotated, Final, TypeAlias
 
 import msgspec
 
-from ..errors import InvalidArtifact, LaunchArgumentMismatch, LimitExceeded
+from ..errors import AccyError, InvalidArtifact, LaunchArgumentMismatch, LimitExceeded
 from ._base import ArgumentCount, ArgumentIndex, Base, Name, Tagged, Version, plan_error
 from .geometry import CeilDiv, Fixed, Forward, Quantity
 from .registry import ArtifactFormat, KernelCallRegistry, RegistryEntry
-from .scalars import DType, ScalarArgument, ScalarType, integer_value
+from .scalars import DType, ScalarArgument, ScalarType, integer_value, scalar
 
 __all__ = [
     "BufferRef",
@@ -219,11 +219,15 @@ class KernelCallPipeline(Base, frozen=True):
                 )
         return entries, problems
 
-    def validate_runtime_scalar_arguments(self, arguments: Sequence[ScalarArgument]) -> None:
+    def validate_runtime_scalar_arguments(
+        self, arguments: Sequence[ScalarArgument | int | float]
+    ) -> tuple[ScalarArgument, ...]:
         """Check the count, the declared types and the bounds of the runtime scalars.
 
-        Raises :class:`LaunchArgumentMismatch` (:class:`LimitExceeded` for a
-        bound) naming the argument, before anything is allocated.
+        Plain Python numbers are accepted where the plan declares the type
+        (``runtime_scalar_types``) and returned typed. Raises
+        :class:`LaunchArgumentMismatch` (:class:`LimitExceeded` for a bound)
+        naming the argument, before anything is allocated.
         """
         if len(arguments) != self.runtime_scalar_argument_count:
             raise LaunchArgumentMismatch(
@@ -231,6 +235,7 @@ class KernelCallPipeline(Base, frozen=True):
                 f"scalar arguments, got {len(arguments)}",
                 path="$.runtime_scalar_arguments",
             )
+        arguments = self._typed(arguments)
         for index, (argument, type_name) in enumerate(
             zip(arguments, self.runtime_scalar_types, strict=False)
         ):
@@ -257,6 +262,35 @@ class KernelCallPipeline(Base, frozen=True):
                     f"[{bound.min}, {bound.max}]",
                     path=f"$.runtime_scalar_arguments[{bound.argument_index}]",
                 )
+        return arguments
+
+    def _typed(
+        self, arguments: Sequence[ScalarArgument | int | float]
+    ) -> tuple[ScalarArgument, ...]:
+        """The arguments with plain numbers made the plan's declared scalar types."""
+        if all(isinstance(argument, Tagged) for argument in arguments):
+            return tuple(arguments)  # type: ignore[arg-type]
+        typed: list[ScalarArgument] = []
+        for index, argument in enumerate(arguments):
+            path = f"$.runtime_scalar_arguments[{index}]"
+            if isinstance(argument, Tagged):
+                typed.append(argument)
+                continue
+            if index >= len(self.runtime_scalar_types):
+                raise LaunchArgumentMismatch(
+                    f"runtime scalar argument {index} is a plain {type(argument).__name__} and "
+                    f"the plan declares no runtime_scalar_types: pass a typed scalar "
+                    f"(accy.U32({argument!r}), ...)",
+                    path=path,
+                )
+            type_name = self.runtime_scalar_types[index]
+            try:
+                typed.append(scalar(type_name, argument))
+            except AccyError as exc:
+                raise LaunchArgumentMismatch(
+                    f"runtime scalar argument {index}: {exc.message}", path=path
+                ) from None
+        return tuple(typed)
 
 
 def _check_argument_index(index: int, count: int, *fields: str | int) -> None:

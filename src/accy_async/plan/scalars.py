@@ -86,12 +86,32 @@ ScalarType: TypeAlias = Literal["u32", "i32", "u64", "i64", "f32", "f64"]
 _F32_MAX: Final = 3.4028234663852886e38
 
 
+def _check_integer(value: object, type_name: str, low: int, high: int) -> None:
+    """Refuse what is not a Python ``int`` in ``[low, high]`` (msgspec checks only decodes)."""
+    if type(value) is not int:
+        raise plan_error(
+            f"{type_name} value {value!r} is not an int"
+            + (" (pass int(value))" if isinstance(value, float | str) else ""),
+            "value",
+        )
+    if not low <= value <= high:
+        raise plan_error(f"{type_name} value {value} is outside [{low}, {high}]", "value")
+
+
+def _check_float(value: object, type_name: str) -> None:
+    if type(value) is not float and type(value) is not int:
+        raise plan_error(f"{type_name} value {value!r} is not a float", "value")
+
+
 class U32(Tagged, tag="u32", kw_only=False, frozen=True):
     """An unsigned 32-bit scalar argument."""
 
     value: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
     dtype: ClassVar[DType] = DType.U32
     type_name: ClassVar[ScalarType] = "u32"
+
+    def __post_init__(self) -> None:
+        _check_integer(self.value, "u32", 0, 2**32 - 1)
 
 
 class I32(Tagged, tag="i32", kw_only=False, frozen=True):
@@ -100,6 +120,9 @@ class I32(Tagged, tag="i32", kw_only=False, frozen=True):
     value: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
     dtype: ClassVar[DType] = DType.I32
     type_name: ClassVar[ScalarType] = "i32"
+
+    def __post_init__(self) -> None:
+        _check_integer(self.value, "i32", -(2**31), 2**31 - 1)
 
 
 class U64(Tagged, tag="u64", kw_only=False, frozen=True):
@@ -110,8 +133,7 @@ class U64(Tagged, tag="u64", kw_only=False, frozen=True):
     type_name: ClassVar[ScalarType] = "u64"
 
     def __post_init__(self) -> None:
-        if self.value > 2**64 - 1:
-            raise plan_error(f"u64 value {self.value} exceeds 2**64 - 1", "value")
+        _check_integer(self.value, "u64", 0, 2**64 - 1)
 
 
 class I64(Tagged, tag="i64", kw_only=False, frozen=True):
@@ -120,6 +142,9 @@ class I64(Tagged, tag="i64", kw_only=False, frozen=True):
     value: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
     dtype: ClassVar[DType] = DType.I64
     type_name: ClassVar[ScalarType] = "i64"
+
+    def __post_init__(self) -> None:
+        _check_integer(self.value, "i64", -(2**63), 2**63 - 1)
 
 
 class F32(Tagged, tag="f32", kw_only=False, frozen=True):
@@ -130,6 +155,7 @@ class F32(Tagged, tag="f32", kw_only=False, frozen=True):
     type_name: ClassVar[ScalarType] = "f32"
 
     def __post_init__(self) -> None:
+        _check_float(self.value, "f32")
         if not math.isfinite(self.value) or abs(self.value) > _F32_MAX:
             raise plan_error(f"f32 value {self.value!r} is not a finite float32", "value")
 
@@ -142,6 +168,7 @@ class F64(Tagged, tag="f64", kw_only=False, frozen=True):
     type_name: ClassVar[ScalarType] = "f64"
 
     def __post_init__(self) -> None:
+        _check_float(self.value, "f64")
         if not math.isfinite(self.value):
             raise plan_error(f"f64 value {self.value!r} is not finite", "value")
 

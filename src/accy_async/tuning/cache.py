@@ -12,6 +12,7 @@ their entries. A cache file that cannot be decoded is set aside as
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -131,7 +132,9 @@ class TuningCache:
                 RuntimeWarning,
                 stacklevel=3,
             )
-            os.replace(self.path, corrupt)
+            # Another process may have moved it first (two runs recovering at once).
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.path, corrupt)
             return {}
         if decoded.version != CACHE_FORMAT_VERSION:
             return {}
