@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from accy_async import waiting
-from accy_async._loops import _asyncio
+from accy_async._loops import _base
 from accy_async.bench import workload
 from accy_async.bench.rig import Rig
 
@@ -71,8 +71,8 @@ def variation(
     rig: Rig, watchers: int, chunk: int, admitted: int, sizes: tuple[int, int]
 ) -> dict[str, Any]:
     waiting.MAX_WATCHERS = watchers  # type: ignore[misc]
-    _asyncio.WAKE_CHUNK = chunk  # type: ignore[misc]
-    _asyncio.ADMITTED_PER_PASS = admitted  # type: ignore[attr-defined]
+    _base.WAKE_CHUNK = chunk  # type: ignore[misc]
+    _base.ADMITTED_PER_PASS = admitted  # type: ignore[misc]
     small = workload.service_workloads(sizes, sizes, quick=True)[0]
     record: list[tuple[float, str]] = []
     stacks: dict[str, int] = {}

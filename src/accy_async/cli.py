@@ -26,6 +26,7 @@ import numpy as np
 from . import __version__, library
 from .backends import auto_backend_choice, open_backend
 from .buffers import download, upload
+from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_int
 from .errors import AccyError, InvalidArtifact, OutOfDeviceMemory
 from .pipeline import (
     PipelineLaunch,
@@ -51,8 +52,6 @@ from .waiting import wait_stream
 
 __all__ = ["main"]
 
-BACKENDS = ("auto", "cuda", "cpu")
-
 
 class Progress:
     """Steps of long work on stderr, each with its elapsed time."""
@@ -74,10 +73,8 @@ MSGPACK_SUFFIXES: Final = (".msgpack", ".mpk", ".msgpk")
 
 def load_document(reference: str) -> PlanDocument:
     """A plan from a file path (JSON, or MessagePack by suffix), or a built-in plan by name."""
-    path = Path(reference)
-    if path.is_dir():
-        raise AccyError(f"{reference} is a folder; give a plan file")
-    if path.exists():
+    path = existing_file(reference, "plan file")
+    if path is not None:
         data = path.read_bytes()
         if path.suffix.lower() in MSGPACK_SUFFIXES:
             packed: PlanDocument = decode_msgpack(data, PlanDocument)
@@ -361,35 +358,7 @@ async def run(args: argparse.Namespace) -> int:
 def validate(args: argparse.Namespace) -> int:
     failed = 0
     for reference in args.plans:
-        problems: list[AccyError] = []
-        try:
-            document = load_document(reference)
-        except AccyError as exc:
-            problems.append(exc)
-        except OSError as exc:
-            problems.append(AccyError(f"cannot read it: {exc.strerror or exc}"))
-        else:
-            if isinstance(document, PipelineDocument):
-                if not document.registry.entries:
-                    problems.append(
-                        InvalidArtifact("the registry has no kernels", path="$.registry.entries")
-                    )
-                for fmt in sorted(document.registry.formats(), key=lambda f: f.value):
-                    problems.extend(
-                        type(problem)(
-                            f"[{fmt.value}] {problem.message}",
-                            path=f"$.pipeline{problem.path[1:]}" if problem.path else None,
-                        )
-                        for problem in document.pipeline.problems(document.registry, fmt)
-                    )
-            elif isinstance(document, LaunchGraphDocument) and document.graph is not None:
-                try:
-                    document.graph.validate(document.artifact_plan)
-                except AccyError as exc:
-                    path = exc.path
-                    if path is not None and path.startswith("$") and not path.startswith("$.graph"):
-                        path = f"$.graph{path[1:]}"
-                    problems.append(type(exc)(exc.message, path=path))
+        problems = _problems_of(reference)
         if problems:
             failed += 1
             for problem in problems:
@@ -397,6 +366,41 @@ def validate(args: argparse.Namespace) -> int:
         else:
             print(f"{reference}: valid")
     return 1 if failed else 0
+
+
+def _problems_of(reference: str) -> list[AccyError]:
+    """Every error of one plan file (or built-in name), each with its path in the document."""
+    try:
+        document = load_document(reference)
+    except AccyError as exc:
+        return [exc]
+    except OSError as exc:
+        return [AccyError(f"cannot read it: {exc.strerror or exc}")]
+    problems: list[AccyError] = []
+    if isinstance(document, PipelineDocument):
+        if not document.registry.entries:
+            problems.append(
+                InvalidArtifact("the registry has no kernels", path="$.registry.entries")
+            )
+        for fmt in sorted(document.registry.formats(), key=lambda f: f.value):
+            problems.extend(
+                _rooted(problem, "pipeline", f"[{fmt.value}] {problem.message}")
+                for problem in document.pipeline.problems(document.registry, fmt)
+            )
+    elif isinstance(document, LaunchGraphDocument) and document.graph is not None:
+        try:
+            document.graph.validate(document.artifact_plan)
+        except AccyError as exc:
+            problems.append(_rooted(exc, "graph", exc.message))
+    return problems
+
+
+def _rooted(problem: AccyError, field: str, message: str) -> AccyError:
+    """``problem`` with ``message``, its path moved under the document's ``field``."""
+    path = problem.path
+    if path is not None and path.startswith("$") and not path.startswith(f"$.{field}"):
+        path = f"$.{field}{path[1:]}"
+    return type(problem)(message, path=path)
 
 
 def schema(args: argparse.Namespace) -> int:
@@ -416,41 +420,18 @@ def schema(args: argparse.Namespace) -> int:
 # ----- entry point -------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not at least 1")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="accy-async", description=__doc__.splitlines()[0].replace("``", "")
     )
     top.add_argument("--version", action="version", version=f"accy-async {__version__}")
     commands = top.add_subparsers(dest="command", required=True)
-    backend_help = "auto (the GPU if there is one, else the CPU), cuda or cpu"
 
     demo_cmd = commands.add_parser("demo", help="prefix sum on the default backend, verified")
     demo_cmd.add_argument(
         "-n", type=positive_int, default=10_000_003, help="elements (default 10,000,003)"
     )
-    demo_cmd.add_argument("--backend", choices=BACKENDS, default="auto", help=backend_help)
+    demo_cmd.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     demo_cmd.add_argument(
         "--repeat", type=positive_int, default=5, help="timed runs; the best is shown (default 5)"
     )
@@ -485,7 +466,7 @@ def parser() -> argparse.ArgumentParser:
     run_cmd.add_argument(
         "--force", action="store_true", help="overwrite .npy files already in --out"
     )
-    run_cmd.add_argument("--backend", choices=BACKENDS, default="auto", help=backend_help)
+    run_cmd.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     run_cmd.add_argument("--seed", type=int, default=0, help="seed of generated operands")
     run_cmd.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -497,7 +478,7 @@ def parser() -> argparse.ArgumentParser:
     schema_cmd = commands.add_parser("schema", help="print the JSON Schema of plan files")
     schema_cmd.add_argument("--output", help="write it to this file instead")
 
-    add_tune_parser(commands, BACKENDS, positive_int, positive_float)
+    add_tune_parser(commands)
 
     commands.add_parser(
         "bench",

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -20,6 +20,7 @@ import anyio
 import msgspec
 
 from .backends import open_backend
+from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_float, positive_int
 from .errors import AccyError
 from .library import DEFAULT_TUNING_N, tuning_document
 from .plan import ArtifactFormat, TuningDocument, decode_json
@@ -42,12 +43,7 @@ BUILTIN_TARGETS: Final = {
 """Built-in plan names ``tune`` takes, and the built-in tuning problems of each."""
 
 
-def add_tune_parser(
-    commands: Any,
-    backends: Sequence[str],
-    positive_int: Callable[[str], int],
-    positive_float: Callable[[str], float],
-) -> None:
+def add_tune_parser(commands: Any) -> None:
     """Add the ``tune`` sub-command to ``commands`` (an argparse sub-parsers object)."""
     command = commands.add_parser("tune", help="tune kernels and pipelines, cache the winners")
     command.add_argument(
@@ -58,9 +54,9 @@ def add_tune_parser(
     )
     command.add_argument(
         "--backend",
-        choices=backends,
+        choices=BACKENDS,
         default="auto",
-        help="auto (the GPU if there is one, else the CPU), cuda or cpu",
+        help=BACKEND_HELP,
     )
     command.add_argument(
         "-n", type=positive_int, default=DEFAULT_TUNING_N, help="built-in problem size"
@@ -147,10 +143,8 @@ def _plan_file(reference: str | None) -> Path | None:
     """The tuning document file named, ``None`` for the built-ins (all, or by name)."""
     if reference is None:
         return None
-    path = Path(reference)
-    if path.is_dir():
-        raise AccyError(f"{reference} is a folder; give a tuning document file")
-    if path.exists():
+    path = existing_file(reference, "tuning document file")
+    if path is not None:
         return path
     names = {name for targets in BUILTIN_TARGETS.values() for name in targets}
     if reference in BUILTIN_TARGETS or reference in names:
@@ -192,9 +186,7 @@ async def tune(args: argparse.Namespace) -> int:
                 "each candidate is compiled, warmed up and timed until its median settles",
                 file=sys.stderr,
             )
-        bar = ProgressBar(
-            sys.stderr, sum(len(p.candidates) for p in problems), quiet=args.quiet or args.json
-        )
+        bar = ProgressBar(sys.stderr, candidates, quiet=args.quiet or args.json)
         cache = None if args.no_cache else args.cache or default_cache_path()
         settings = TuningSettings(flush_cache=args.flush_cache)
         started = time.perf_counter()

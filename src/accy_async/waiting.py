@@ -52,8 +52,9 @@ from .backends.base import (
     StreamHandle,
     StreamMark,
     WaitPolicy,
+    check_wait_policy,
 )
-from .errors import AccyError, UnsupportedOperation
+from .errors import AccyError
 
 CLEANUP_WAIT_SECONDS: float = 30.0
 """How long clean-up waits for queued work before deferring the release instead."""
@@ -87,7 +88,7 @@ async def wait_event(
     faults first. A checkpoint even when the record has completed already.
     """
     if policy is not None:
-        _check(policy)
+        check_wait_policy(policy)
     if backend.query_event(event):
         await _loops.checkpoint()
         return
@@ -103,7 +104,7 @@ async def wait_stream(
     stream is idle.
     """
     if policy is not None:
-        _check(policy)
+        check_wait_policy(policy)
     mark = backend.mark_stream(stream)
     if mark is None:
         await _loops.current().wait(_StreamCallback(backend, stream))
@@ -125,7 +126,7 @@ async def wait_read(pending: PendingRead, *, policy: WaitPolicy | None = None) -
     """
     try:
         if policy is not None:
-            _check(policy)
+            check_wait_policy(policy)
         mark = pending.stream_mark()
         if mark is None:
             await _loops.current().wait(pending.notify_when_complete)
@@ -303,9 +304,7 @@ class _Schedule:
     """... arriving through one short sleep, which lands on time more reliably."""
     look_ins: int
     """How often to look in on the way, in case the work ends early, when the forecast is
-    unsure (its spread over 5% of the time to go)..."""
-    look_in_when_sure: bool
-    """... and whether to look in once on a long sleep when it is sure."""
+    unsure (its spread over 5% of the time to go); never when it is sure."""
     tight_window: bool
     """Around the due time, poll between checkpoints (else on the clock, ``alarm_step`` apart)."""
     alarm_step: float
@@ -322,14 +321,27 @@ class _Schedule:
 
 
 _SCHEDULES: Final[dict[str, _Schedule]] = {
-    "latency": _Schedule(True, True, 0, True, 0, False, True, 0, 0, math.inf, 0, 0, 0),
+    # Polls between checkpoints from the start: nothing below is read.
+    "latency": _Schedule(
+        spin_throughout=True,
+        wake_early=False,
+        spread_factor=0.0,
+        approach=False,
+        look_ins=0,
+        tight_window=True,
+        alarm_step=0.0,
+        least_patience=0.0,
+        spin=math.inf,
+        ratio=0.0,
+        least_interval=0.0,
+        most_interval=0.0,
+    ),
     "balanced": _Schedule(
         spin_throughout=False,
         wake_early=True,
         spread_factor=1.0,
         approach=True,
         look_ins=2,
-        look_in_when_sure=False,
         tight_window=True,
         alarm_step=0.0,
         least_patience=50e-6,
@@ -344,7 +356,6 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
         spread_factor=0.0,
         approach=False,
         look_ins=0,
-        look_in_when_sure=False,
         tight_window=False,
         alarm_step=100e-6,
         least_patience=100e-6,
@@ -363,13 +374,6 @@ _APPROACH: Final = 300e-6
 
 _LOOK_BOUNDS: Final = (100e-6, 10e-3)
 """The shortest and longest time between look-ins on the way to the due time."""
-
-
-def _check(policy: WaitPolicy) -> None:
-    if policy not in _SCHEDULES:
-        raise UnsupportedOperation(
-            f"unknown wait policy {policy!r}; expected one of {', '.join(_SCHEDULES)}"
-        )
 
 
 async def _watch(backend: Backend, target: _Target, policy: WaitPolicy | None) -> None:
@@ -402,13 +406,13 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
         if await _sleep_until_due(loop, query, expected, schedule):
             return
         watch_until = expected.due + max(2 * expected.spread, schedule.least_patience)
-        step = max(expected.spread / 2, schedule.alarm_step)
         while time.perf_counter() < watch_until:
             if query():
                 return
             if schedule.tight_window:
                 await checkpoint()
             else:
+                step = max(expected.spread / 2, schedule.alarm_step)
                 await loop.sleep_until(time.perf_counter() + step)
     # No forecast, or the work runs past it: polls spaced by a fraction of the time waited.
     while not query():
@@ -442,9 +446,8 @@ async def _sleep_until_due(
             clock.missed_a_sleep()
         return False
     look_ins = schedule.look_ins
-    if look_ins and expected.spread <= 0.05 * (wake_at - now):  # sure of itself
-        # Look in once on a long sleep if the schedule says so, else never.
-        look_ins = 1 if schedule.look_in_when_sure and wake_at - now > 1e-3 else 0
+    if expected.spread <= 0.05 * (wake_at - now):  # sure of itself: no look-ins
+        look_ins = 0
     low, high = _LOOK_BOUNDS
     look_every = min(max((wake_at - now) / (look_ins + 1), low), high)
     approach = _APPROACH if schedule.approach else 0.0

@@ -12,15 +12,15 @@ from __future__ import annotations
 import sys
 from asyncio import _get_running_loop
 from collections.abc import Awaitable
-from typing import Literal
+from functools import cache
+from types import ModuleType
+from typing import Final, Literal
 
 from ._asyncio import YIELD, current_asyncio_loop
 from ._base import ADMITTED_PER_PASS, Loop, Register, fresh_error
-from ._clock import AlarmClock
 
 __all__ = [
     "ADMITTED_PER_PASS",
-    "AlarmClock",
     "Loop",
     "Register",
     "admit",
@@ -32,6 +32,9 @@ __all__ = [
 ]
 
 
+_NO_LOOP: Final = "accy-async's awaitables need a running asyncio or trio event loop"
+
+
 def current() -> Loop:
     """The library's state for the event loop running on this thread (made on first use).
 
@@ -40,20 +43,31 @@ def current() -> Loop:
     loop = _get_running_loop()
     if loop is not None:
         return current_asyncio_loop(loop)
-    library()  # raises outside a loop
-    from ._trio import current_trio_loop
-
-    return current_trio_loop()
+    if not _in_trio_run():
+        raise RuntimeError(_NO_LOOP)
+    return _trio_side().current_trio_loop()  # type: ignore[no-any-return]
 
 
 def library() -> Literal["asyncio", "trio"]:
     """Which event loop library runs on this thread (uvloop counts as asyncio)."""
     if _get_running_loop() is not None:
         return "asyncio"
-    trio = sys.modules.get("trio")
-    if trio is not None and trio.lowlevel.in_trio_run():
+    if _in_trio_run():
         return "trio"
-    raise RuntimeError("accy-async's awaitables need a running asyncio or trio event loop")
+    raise RuntimeError(_NO_LOOP)
+
+
+def _in_trio_run() -> bool:
+    trio = sys.modules.get("trio")  # not imported: no trio run can be going on
+    return trio is not None and bool(trio.lowlevel.in_trio_run())
+
+
+@cache
+def _trio_side() -> ModuleType:
+    """``._trio``, imported once (an import statement per call costs a microsecond)."""
+    from . import _trio
+
+    return _trio
 
 
 def checkpoint() -> Awaitable[None]:

@@ -19,18 +19,14 @@ import threading
 import types
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from functools import partial
 from typing import Any, Final
 
-from ._base import ADMITTED_PER_PASS, Loop, Register, fresh_error
+from ._base import Bridge, Loop, Register, fresh_error
 from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usable
 
 __all__ = ["YIELD", "AsyncioLoop", "current_asyncio_loop"]
-
-WAKE_CHUNK: Final = 8
-"""Most waiters one wake-up resumes; a larger burst is spread over loop iterations, so that
-timers and other tasks run between the chunks (a resumed task may go on to heavy work)."""
 
 
 class _Yield:
@@ -45,42 +41,28 @@ class _Yield:
 YIELD: Final = _Yield()
 
 
-class _Bridge:
-    """Delivers completions to one asyncio loop, one thread-safe wake-up per batch."""
+class _Bridge(Bridge["asyncio.Future[None]"]):
+    """Delivers completions to one asyncio loop (see :class:`~._base.Bridge`)."""
 
-    __slots__ = ("_batch", "_lock", "_loop", "_scheduled", "_thread_id")
+    __slots__ = ("_loop",)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = weakref.ref(loop)  # the loop's state must not keep the loop alive
-        self._thread_id = threading.get_ident()
-        self._lock = threading.Lock()
-        self._batch: list[tuple[asyncio.Future[None], BaseException | None]] = []
-        self._scheduled = False
+    def __init__(self, loop: weakref.ref[asyncio.AbstractEventLoop]) -> None:
+        super().__init__()
+        self._loop = loop  # a weak reference: the loop's state must not keep the loop alive
 
-    def deliver(self, future: asyncio.Future[None], error: BaseException | None) -> None:
-        if threading.get_ident() == self._thread_id:
-            _resolve(future, error)
-            return
-        with self._lock:
-            self._batch.append((future, error))
-            if self._scheduled:
-                return
-            self._scheduled = True
+    def _wake(self, future: asyncio.Future[None], error: BaseException | None) -> None:
+        _resolve(future, error)
+
+    def _post_threadsafe(self, callback: Callable[[], None]) -> None:
         loop = self._loop()
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-                loop.call_soon_threadsafe(self._drain)
+                loop.call_soon_threadsafe(callback)
 
-    def _drain(self) -> None:
-        with self._lock:
-            batch, self._batch = self._batch[:WAKE_CHUNK], self._batch[WAKE_CHUNK:]
-            more = bool(self._batch)
-            self._scheduled = more
-        for future, error in batch:
-            _resolve(future, error)
+    def _post_soon(self, callback: Callable[[], None]) -> None:
         loop = self._loop()
-        if more and loop is not None:  # let timers and other tasks run between chunks
-            loop.call_soon(self._drain)
+        if loop is not None:
+            loop.call_soon(callback)
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -108,23 +90,14 @@ class _Delivery:
 class AsyncioLoop(Loop):
     """The library's state for one asyncio loop; holds no reference to the loop itself."""
 
-    __slots__ = (
-        "__weakref__",
-        "_bridge",
-        "_clock",
-        "_close_timer",
-        "_queued",
-        "_tokens",
-        "loop",
-    )
+    __slots__ = ("_bridge", "_clock", "_close_timer", "_queued", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self.loop = weakref.ref(loop)
-        self._bridge = _Bridge(loop)
+        self._bridge = _Bridge(self.loop)
         self._clock: AlarmClock | None = None
         self._close_timer: Any = None
-        self._tokens = ADMITTED_PER_PASS
         self._queued: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -132,11 +105,12 @@ class AsyncioLoop(Loop):
         """The loop's timerfd clock (watched with ``add_reader``), made on first use."""
         clock = self._clock
         if clock is None:
-            clock = shared_thread_clock()
             loop = self.loop()
             if loop is not None and timerfd_usable():
                 with contextlib.suppress(OSError, NotImplementedError):
                     clock = self._timerfd_clock(loop)
+            if clock is None:
+                clock = shared_thread_clock()
             self._clock = clock
         return clock
 
@@ -184,11 +158,6 @@ class AsyncioLoop(Loop):
                 self.pass_token_on()
             raise
         self.pass_token_on()
-
-    @property
-    def free_admissions(self) -> int:
-        """Admission tokens not held (see :meth:`admit`)."""
-        return self._tokens
 
     def pass_token_on(self) -> None:
         """An admitted task resumed: its token goes to the first queued launch, or back."""

@@ -2,21 +2,82 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 from ..backends._completion import CompletionCallback, CompletionRegistration
 from ..errors import AccyError
 from ._clock import AlarmClock
 
-__all__ = ["ADMITTED_PER_PASS", "Loop", "Register", "fresh_error"]
+__all__ = ["ADMITTED_PER_PASS", "WAKE_CHUNK", "Bridge", "Loop", "Register", "fresh_error"]
 
 ADMITTED_PER_PASS: Final = 4
 """Launches let through per pass of the loop (see :meth:`Loop.admit`)."""
 
+WAKE_CHUNK: Final = 8
+"""Most waiters one wake-up resumes; a larger burst is spread over loop iterations, so that
+timers and other tasks run between the chunks (a resumed task may go on to heavy work)."""
+
+W = TypeVar("W")
+
 Register: TypeAlias = Callable[[CompletionCallback], CompletionRegistration]
 """Hands a callback to a backend and returns its registration (see :meth:`Loop.wait`)."""
+
+
+class Bridge(ABC, Generic[W]):
+    """Delivers completions to one event loop from any thread.
+
+    On the loop's own thread a completion wakes its waiter at once. From
+    elsewhere, completions that arrive together cost the loop one thread-safe
+    wake-up, and a large burst is resumed :data:`WAKE_CHUNK` at a time.
+    Subclasses say how a waiter is woken and how a callback reaches the loop.
+    """
+
+    __slots__ = ("_batch", "_lock", "_scheduled", "_thread_id")
+
+    def __init__(self) -> None:
+        self._thread_id = threading.get_ident()
+        self._lock = threading.Lock()
+        self._batch: deque[tuple[W, BaseException | None]] = deque()
+        self._scheduled = False
+
+    def deliver(self, waiter: W, error: BaseException | None) -> None:
+        """Wake ``waiter`` (with ``error``, if any); from any thread."""
+        if threading.get_ident() == self._thread_id:
+            self._wake(waiter, error)
+            return
+        with self._lock:
+            self._batch.append((waiter, error))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._post_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch = self._batch
+            chunk = [batch.popleft() for _ in range(min(WAKE_CHUNK, len(batch)))]
+            more = bool(batch)
+            self._scheduled = more
+        for waiter, error in chunk:
+            self._wake(waiter, error)
+        if more:  # let timers and other tasks run between chunks
+            self._post_soon(self._drain)
+
+    @abstractmethod
+    def _wake(self, waiter: W, error: BaseException | None) -> None:
+        """Resume ``waiter``; on the loop's thread."""
+
+    @abstractmethod
+    def _post_threadsafe(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the loop soon; from any thread (nothing if the loop is gone)."""
+
+    @abstractmethod
+    def _post_soon(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on a later pass of the loop; from the loop's thread."""
 
 
 class Loop(ABC):
@@ -25,11 +86,13 @@ class Loop(ABC):
     Use it only from the loop's own thread.
     """
 
-    __slots__ = ("watchers",)
+    __slots__ = ("_tokens", "watchers")
 
     def __init__(self) -> None:
         self.watchers = 0
         """How many waits of this loop are watching their work themselves right now."""
+        self._tokens = ADMITTED_PER_PASS
+        """Admission tokens not held (see :meth:`admit`)."""
 
     @property
     @abstractmethod
@@ -52,9 +115,9 @@ class Loop(ABC):
         """
 
     @property
-    @abstractmethod
     def free_admissions(self) -> int:
         """Admission tokens not held: :data:`ADMITTED_PER_PASS` when no launch is being admitted."""
+        return self._tokens
 
     @abstractmethod
     def wait(self, register: Register) -> Coroutine[Any, Any, None]:

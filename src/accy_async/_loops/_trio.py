@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any, Final
 
+import outcome
 import trio
 
-from ._base import ADMITTED_PER_PASS, Loop, Register, fresh_error
+from ._base import Bridge, Loop, Register, fresh_error
 from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usable
 
 __all__ = ["TrioLoop", "current_trio_loop"]
-
-WAKE_CHUNK: Final = 8
-"""Most waiters one wake-up resumes; a larger burst is spread over loop iterations, so that
-timers and other tasks run between the chunks (a resumed task may go on to heavy work)."""
 
 
 class _Waiter:
@@ -42,44 +38,27 @@ class _Waiter:
         self.bridge.deliver(self, error)
 
 
-class _Bridge:
-    """Delivers completions to one trio run, one ``run_sync_soon`` per batch."""
+class _Bridge(Bridge[_Waiter]):
+    """Delivers completions to one trio run (see :class:`~._base.Bridge`)."""
 
-    __slots__ = ("_batch", "_lock", "_scheduled", "_thread_id", "_token")
+    __slots__ = ("_token",)
 
     def __init__(self, token: Any) -> None:
+        super().__init__()
         self._token = token
-        self._thread_id = threading.get_ident()
-        self._lock = threading.Lock()
-        self._batch: list[tuple[_Waiter, BaseException | None]] = []
-        self._scheduled = False
 
-    def deliver(self, waiter: _Waiter, error: BaseException | None) -> None:
-        if threading.get_ident() == self._thread_id:
-            _wake(waiter, error)
-            return
-        with self._lock:
-            self._batch.append((waiter, error))
-            if self._scheduled:
-                return
-            self._scheduled = True
+    def _wake(self, waiter: _Waiter, error: BaseException | None) -> None:
+        _wake(waiter, error)
+
+    def _post_threadsafe(self, callback: Callable[[], None]) -> None:
         with contextlib.suppress(trio.RunFinishedError):  # nobody waits any more
-            self._token.run_sync_soon(self._drain)
+            self._token.run_sync_soon(callback)
 
-    def _drain(self) -> None:
-        with self._lock:
-            batch, self._batch = self._batch[:WAKE_CHUNK], self._batch[WAKE_CHUNK:]
-            more = bool(self._batch)
-            self._scheduled = more
-        for waiter, error in batch:
-            _wake(waiter, error)
-        if more:  # let timers and other tasks run between chunks of a large burst
-            self._token.run_sync_soon(self._drain)
+    def _post_soon(self, callback: Callable[[], None]) -> None:
+        self._token.run_sync_soon(callback)
 
 
 def _wake(waiter: _Waiter, error: BaseException | None) -> None:
-    import outcome
-
     result = outcome.Value(None) if error is None else outcome.Error(fresh_error(error))
     if waiter.suspended:
         waiter.suspended = False
@@ -91,14 +70,13 @@ def _wake(waiter: _Waiter, error: BaseException | None) -> None:
 class TrioLoop(Loop):
     """The library's state for one trio run."""
 
-    __slots__ = ("_bridge", "_clock", "_lot", "_token", "_tokens")
+    __slots__ = ("_bridge", "_clock", "_lot", "_token")
 
     def __init__(self) -> None:
         super().__init__()
         self._token = trio.lowlevel.current_trio_token()
         self._bridge = _Bridge(self._token)
         self._clock: AlarmClock | None = None
-        self._tokens = ADMITTED_PER_PASS
         self._lot = trio.lowlevel.ParkingLot()
 
     @property
@@ -106,7 +84,6 @@ class TrioLoop(Loop):
         """The run's timerfd clock, served by a system task started on first use."""
         clock = self._clock
         if clock is None:
-            clock = shared_thread_clock()
             if timerfd_usable():
                 with contextlib.suppress(OSError):
                     timerfd_clock = TimerfdClock()
@@ -114,6 +91,8 @@ class TrioLoop(Loop):
                         _serve, timerfd_clock, name="accy_async.alarm_clock"
                     )
                     clock = timerfd_clock
+            if clock is None:
+                clock = shared_thread_clock()
             self._clock = clock
         return clock
 
@@ -142,11 +121,6 @@ class TrioLoop(Loop):
     async def _park_for_a_token(self) -> None:
         await self._lot.park()  # cancelled while parked: it never got a token
         self._pass_token_on()
-
-    @property
-    def free_admissions(self) -> int:
-        """Admission tokens not held (see :meth:`admit`)."""
-        return self._tokens
 
     def _pass_token_on(self) -> None:
         if not self._lot.unpark(count=1):

@@ -72,6 +72,7 @@ __all__ = [
     "StreamHandle",
     "StreamMark",
     "WaitPolicy",
+    "check_wait_policy",
 ]
 
 DEFAULT_ALIGNMENT: Final = 256
@@ -92,6 +93,15 @@ due and watches from then; ``frugal`` spends at most about a tenth of a core.
 """
 
 WAIT_POLICIES: Final[tuple[WaitPolicy, ...]] = get_args(WaitPolicy)
+
+
+def check_wait_policy(policy: str) -> None:
+    """Raise :class:`UnsupportedOperation` unless ``policy`` is one of :data:`WAIT_POLICIES`."""
+    if policy not in WAIT_POLICIES:
+        raise UnsupportedOperation(
+            f"unknown wait policy {policy!r}; expected one of {', '.join(WAIT_POLICIES)}"
+        )
+
 
 _backend_ids = itertools.count(1)
 
@@ -493,10 +503,7 @@ class Backend(abc.ABC):
 
     @wait_policy.setter
     def wait_policy(self, policy: WaitPolicy) -> None:
-        if policy not in WAIT_POLICIES:
-            raise UnsupportedOperation(
-                f"unknown wait policy {policy!r}; expected one of {', '.join(WAIT_POLICIES)}"
-            )
+        check_wait_policy(policy)
         self._wait_policy = policy
 
     @property

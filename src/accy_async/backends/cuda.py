@@ -963,8 +963,9 @@ class _CudaStageLauncher(StageLauncher):
         if wait_events:
             for event in wait_events:
                 backend._wait(stream, event)
+        kernel = self._kernel
         (result,) = self._launch(
-            self._kernel.function,
+            kernel.function,
             grid[0],
             grid[1],
             grid[2],
@@ -978,7 +979,7 @@ class _CudaStageLauncher(StageLauncher):
         )
         if result:
             backend._raise(result, f"launching {self._name}")
-        backend._ledgers[stream.id].enqueue(self._kernel.cost, (grid, block, prepared[3]))
+        backend._ledgers[stream.id].enqueue(kernel.cost, (grid, block, prepared[3]))
         if signal_event is not None:
             backend._record(signal_event, stream)
 

@@ -154,15 +154,9 @@ def initialised_driver() -> Any:
 def probe_cuda() -> tuple[bool, str]:
     """Whether a CUDA device and driver can be used here, and why (not)."""
     try:
-        d = driver()
-    except ImportError as exc:
-        return False, f"cuda-python is not installed ({exc})"
-    try:
-        (result,) = d.cuInit(0)
-    except Exception as exc:  # noqa: BLE001 - the driver library is missing: a normal outcome
-        return False, f"no NVIDIA driver ({type(exc).__name__}: {str(exc).splitlines()[0]})"
-    if int(result):
-        return False, f"the CUDA driver does not initialise ({error_name(result)})"
+        d = initialised_driver()
+    except RuntimeUnavailable as exc:
+        return False, exc.message
     result, count = d.cuDeviceGetCount()
     if int(result) or count == 0:
         return False, "the CUDA driver sees no device"

@@ -237,25 +237,25 @@ class Forecast:
             model = self._models[key] = CostModel(name, features)
         return model
 
-    def burst_model(self, burst: Sequence[Item], *, make: bool) -> CostModel | None:
-        """The model of a burst's sequence of kernels (made on first use when ``make``)."""
+    def _model_of(self, burst: Sequence[Item]) -> tuple[CostModel | None, Any]:
+        """The model that sizes ``burst`` and what it takes: its one item's, or its sequence's."""
+        if len(burst) == 1:
+            model, arguments, _ = burst[0]
+            return model, arguments
+        return self._bursts.get(tuple(item[0] for item in burst)), burst
+
+    def _new_burst_model(self, burst: Sequence[Item]) -> CostModel:
         key = tuple(model for model, _, _ in burst)
-        model = self._bursts.get(key)
-        if model is None and make:
-            if len(self._bursts) >= 4096:  # a program of endlessly new sequences
-                self._bursts.clear()
-            name = "+".join(each.name for each in key)
-            model = self._bursts[key] = CostModel(name, burst_features)
+        if len(self._bursts) >= 4096:  # a program of endlessly new sequences
+            self._bursts.clear()
+        model = self._bursts[key] = CostModel("+".join(each.name for each in key), burst_features)
         return model
 
     def predict(self, burst: Sequence[Item]) -> tuple[float, float] | None:
         """A burst's duration from its first item's start, and its spread, if its model knows."""
-        if len(burst) == 1:
-            model, arguments, _ = burst[0]
-        else:
-            model, arguments = self._bursts.get(tuple(item[0] for item in burst)), burst
-            if model is None:
-                return None
+        model, arguments = self._model_of(burst)
+        if model is None:
+            return None
         cost = model.predict(arguments)
         return None if cost is None else (cost, model.relative_error * cost)
 
@@ -279,19 +279,16 @@ class Forecast:
 
     def confirm(self, burst: Sequence[Item]) -> None:
         """A burst ended where its model said it would, as far as a sighting could tell."""
-        model = burst[0][0] if len(burst) == 1 else self._bursts.get(tuple(i[0] for i in burst))
+        model, _ = self._model_of(burst)
         if model is not None:
             model.confirm()
 
     def learn(self, burst: Sequence[Item], seconds: float) -> None:
         """A burst took ``seconds`` (measured)."""
-        if len(burst) == 1:
-            model, arguments, _ = burst[0]
-            model.learn(arguments, seconds)
-            return
-        model = self.burst_model(burst, make=True)
-        assert model is not None
-        model.learn(burst, seconds)
+        model, arguments = self._model_of(burst)
+        if model is None:
+            model = self._new_burst_model(burst)
+        model.learn(arguments, seconds)
 
     def models(self) -> list[CostModel]:
         """Every model, for diagnostics."""
@@ -333,7 +330,8 @@ class Ledger:
             self._fold_sightings()
         items = self.items
         items.append((model, arguments, time.perf_counter()))
-        if len(items) >= _LEDGER_TRIM_AT and not len(items) % 256:
+        length = len(items)
+        if length >= _LEDGER_TRIM_AT and not length % 256:
             self._trim()
 
     def enqueue_wait(self, ledger: Ledger, position: int) -> None:
@@ -368,8 +366,12 @@ class Ledger:
             return Anticipation(self.start, 0.0)
         if count > _FORECAST_AT_MOST:
             return None
+        return self._simulate_bursts(_bursts(self.items[:count]), depth)
+
+    def _simulate_bursts(self, bursts: list[list[Item]], depth: int) -> Anticipation | None:
+        """When ``bursts`` (the ledger's first items, grouped) end, run from ``start``."""
         end, spread = self.start, 0.0
-        for burst in _bursts(self.items[:count]):
+        for burst in bursts:
             model, arguments, _ = burst[0]
             if model is None:
                 if depth >= _WAIT_DEPTH:
@@ -428,7 +430,7 @@ class Ledger:
         first_of_last = bursts[-1][0][2] + LAUNCH_LATENCY
         if len(bursts) == 1:
             return max(first_of_last, self.start) if self.start_known else None
-        before = self._simulate(self.first + sum(len(burst) for burst in bursts[:-1]), 0)
+        before = self._simulate_bursts(bursts[:-1], 0)
         if before is not None and before.due <= first_of_last:
             return first_of_last
         return None

@@ -38,27 +38,24 @@ def git_revision() -> dict[str, Any]:
     given = os.environ.get("ACCY_REVISION")
     if given:
         return {"commit": given, "dirty": False}
-    where = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout
+        commit = _git("rev-parse", "HEAD").strip()
+        status = _git("status", "--porcelain")
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     return {"commit": commit, "dirty": bool(status.strip())}
+
+
+def _git(*arguments: str) -> str:
+    """The output of a git command run in this package's folder."""
+    return subprocess.run(
+        ["git", *arguments],
+        cwd=Path(__file__).resolve().parent,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
 
 
 def _device_name(rig: Rig) -> str:

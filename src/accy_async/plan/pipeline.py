@@ -268,8 +268,6 @@ class KernelCallPipeline(Base, frozen=True):
         self, arguments: Sequence[ScalarArgument | int | float]
     ) -> tuple[ScalarArgument, ...]:
         """The arguments with plain numbers made the plan's declared scalar types."""
-        if all(isinstance(argument, Tagged) for argument in arguments):
-            return tuple(arguments)  # type: ignore[arg-type]
         typed: list[ScalarArgument] = []
         for index, argument in enumerate(arguments):
             path = f"$.runtime_scalar_arguments[{index}]"

@@ -103,48 +103,60 @@ def _check_float(value: object, type_name: str) -> None:
         raise plan_error(f"{type_name} value {value!r} is not a float", "value")
 
 
-class U32(Tagged, tag="u32", kw_only=False, frozen=True):
+_U32_BOUNDS: Final = (0, 2**32 - 1)
+_I32_BOUNDS: Final = (-(2**31), 2**31 - 1)
+_U64_BOUNDS: Final = (0, 2**64 - 1)
+_I64_BOUNDS: Final = (-(2**63), 2**63 - 1)
+
+
+class _Integer(Tagged, frozen=True):
+    """Base of the integer scalars: ``value`` is an ``int`` within the type's ``bounds``.
+
+    The field's ``msgspec.Meta`` checks decoded plans; this checks construction.
+    """
+
+    value: int
+    bounds: ClassVar[tuple[int, int]]
+    type_name: ClassVar[ScalarType]
+
+    def __post_init__(self) -> None:
+        _check_integer(self.value, self.type_name, *self.bounds)
+
+
+class U32(_Integer, tag="u32", kw_only=False, frozen=True):
     """An unsigned 32-bit scalar argument."""
 
-    value: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+    value: Annotated[int, msgspec.Meta(ge=_U32_BOUNDS[0], le=_U32_BOUNDS[1])]
     dtype: ClassVar[DType] = DType.U32
     type_name: ClassVar[ScalarType] = "u32"
-
-    def __post_init__(self) -> None:
-        _check_integer(self.value, "u32", 0, 2**32 - 1)
+    bounds: ClassVar[tuple[int, int]] = _U32_BOUNDS
 
 
-class I32(Tagged, tag="i32", kw_only=False, frozen=True):
+class I32(_Integer, tag="i32", kw_only=False, frozen=True):
     """A signed 32-bit scalar argument."""
 
-    value: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+    value: Annotated[int, msgspec.Meta(ge=_I32_BOUNDS[0], le=_I32_BOUNDS[1])]
     dtype: ClassVar[DType] = DType.I32
     type_name: ClassVar[ScalarType] = "i32"
-
-    def __post_init__(self) -> None:
-        _check_integer(self.value, "i32", -(2**31), 2**31 - 1)
+    bounds: ClassVar[tuple[int, int]] = _I32_BOUNDS
 
 
-class U64(Tagged, tag="u64", kw_only=False, frozen=True):
+class U64(_Integer, tag="u64", kw_only=False, frozen=True):
     """An unsigned 64-bit scalar argument."""
 
-    value: Annotated[int, msgspec.Meta(ge=0)]
+    value: Annotated[int, msgspec.Meta(ge=0)]  # msgspec's own integers end at 2**64 - 1
     dtype: ClassVar[DType] = DType.U64
     type_name: ClassVar[ScalarType] = "u64"
-
-    def __post_init__(self) -> None:
-        _check_integer(self.value, "u64", 0, 2**64 - 1)
+    bounds: ClassVar[tuple[int, int]] = _U64_BOUNDS
 
 
-class I64(Tagged, tag="i64", kw_only=False, frozen=True):
+class I64(_Integer, tag="i64", kw_only=False, frozen=True):
     """A signed 64-bit scalar argument."""
 
-    value: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+    value: Annotated[int, msgspec.Meta(ge=_I64_BOUNDS[0], le=_I64_BOUNDS[1])]
     dtype: ClassVar[DType] = DType.I64
     type_name: ClassVar[ScalarType] = "i64"
-
-    def __post_init__(self) -> None:
-        _check_integer(self.value, "i64", -(2**63), 2**63 - 1)
+    bounds: ClassVar[tuple[int, int]] = _I64_BOUNDS
 
 
 class F32(Tagged, tag="f32", kw_only=False, frozen=True):

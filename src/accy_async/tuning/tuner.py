@@ -29,10 +29,10 @@ from typing import Final
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 
+from .._loops import checkpoint
 from ..backends.base import Backend, EventHandle, StreamHandle
 from ..errors import AccyError, DeviceFault, LaunchArgumentMismatch
 from ..plan import KernelTuningProblem, PipelineTuningProblem, validate_plan
@@ -187,7 +187,7 @@ class Tuner:
         wait for it. Raises :class:`DeviceFault` if the device faults, and
         :class:`PlanError` for a problem that does not validate.
         """
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         validate_plan(problem)
         key = self.key(problem)
         if self.cache is not None:
@@ -218,7 +218,7 @@ class Tuner:
         self, problems: Sequence[TuningProblem], *, budget: float | None = None
     ) -> list[TuningResult]:
         """Tune every problem, concurrently (one after another if not ``concurrent``)."""
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         results: list[TuningResult | None] = [None] * len(problems)
         if not self.concurrent:
             for index, problem in enumerate(problems):
