@@ -135,3 +135,26 @@ async def test_concurrent_launches_on_streams_get_their_own_results(
             for index in range(3):
                 group.start_soon(one, index)
     backend.destroy_all(streams)
+
+
+async def test_plain_runtime_scalars_are_checked_whatever_was_launched_before() -> None:
+    """``5`` launched first does not let ``5.0`` (or ``True``) through for a u32 later."""
+    document = library.load_builtin("prefix_sum_f32")
+    backend = accy.RecordingBackend()
+    x, y = backend.allocate_buffer(4 * 5), backend.allocate_buffer(4 * 5)
+
+    def request(n: object) -> PipelineLaunch:
+        return PipelineLaunch(
+            pipeline=document.pipeline,
+            registry=document.registry,
+            operands=[x.bind("read_only")],
+            results=[y.bind()],
+            runtime_scalar_arguments=(n,),  # type: ignore[arg-type]
+        )
+
+    await launch_pipeline(backend, request(5))
+    for wrong in (5.0, True):
+        with pytest.raises(accy.LaunchArgumentMismatch, match="runtime scalar argument 0"):
+            await launch_pipeline(backend, request(wrong))
+    backend.destroy_all([x, y])
+    await backend.aclose()

@@ -337,7 +337,14 @@ def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float
     if cached is not None:
         return cached
     pipeline = program.pipeline
-    arguments = pipeline.validate_runtime_scalar_arguments(arguments)
+    arguments = pipeline.validate_runtime_scalar_arguments(key)
+    if arguments != key:
+        # Plain numbers: 5, 5.0 and True are equal keys, so they are never stored; the
+        # typed arguments they make are.
+        key = arguments
+        cached = program.resolved.get(key)
+        if cached is not None:
+            return cached
     sizes = tuple(
         intermediate_byte_size(spec, arguments, index)
         for index, spec in enumerate(pipeline.intermediates)
