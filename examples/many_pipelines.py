@@ -22,10 +22,9 @@ async def main(backend_kind: accy.backends.BackendKind, count: int, streams: int
     pipeline, registry = document.pipeline, document.registry
     wrong: list[int] = []
     async with accy.open_backend(backend_kind) as backend:
-        fmt = backend.preferred_formats[0]
         lanes = [backend.create_stream() for _ in range(streams)]
         start = time.perf_counter()
-        async with await accy.load_pipeline_artifacts(backend, pipeline, registry, fmt) as pool:
+        async with await accy.load_pipeline_artifacts(backend, pipeline, registry) as pool:
 
             async def one(task: int) -> None:
                 n = 1 + (task * 7919) % 20_000
@@ -42,7 +41,6 @@ async def main(backend_kind: accy.backends.BackendKind, count: int, streams: int
                         accy.PipelineLaunch(
                             pipeline=pipeline,
                             registry=registry,
-                            format=fmt,
                             operands=[source.bind("read_only")],
                             results=[result.bind()],
                             runtime_scalar_arguments=scalars,

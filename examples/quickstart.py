@@ -19,8 +19,7 @@ async def main(backend_kind: accy.backends.BackendKind, n: int) -> None:
     scalars = (accy.U32(n),)
     x = np.ones(n, dtype=np.float32)
     async with accy.open_backend(backend_kind) as backend:
-        fmt = backend.preferred_formats[0]
-        pool = await accy.load_pipeline_artifacts(backend, pipeline, registry, fmt)
+        pool = await accy.load_pipeline_artifacts(backend, pipeline, registry)
         scratch = await accy.allocate_pipeline_intermediates(backend, pipeline, scalars)
         source, result = accy.upload(backend, x), backend.allocate_buffer(4 * n)
         async with pool, scratch:
@@ -29,7 +28,6 @@ async def main(backend_kind: accy.backends.BackendKind, n: int) -> None:
                 accy.PipelineLaunch(
                     pipeline=pipeline,
                     registry=registry,
-                    format=fmt,
                     operands=[source.bind("read_only")],
                     results=[result.bind()],
                     runtime_scalar_arguments=scalars,

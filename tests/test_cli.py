@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -113,6 +114,35 @@ def test_validate_lists_every_error_with_its_path(
     assert "[cpu] no registry entry" in out
     assert "- at `$.pipeline.stages[0]`" in out
     assert "malformed.json: PlanError" in out and "$.pipeline.target" in out
+
+
+def test_validate_checks_sizes_and_registrations_as_run_would(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    document = library.prefix_sum()
+    huge = p.PipelineIntermediate(dtype=p.DType.F32, extent=p.Fixed(2**60))
+    entries = list(document.registry.entries)
+    cpu_index = next(i for i, e in enumerate(entries) if e.format is p.ArtifactFormat.CPU)
+    entries[cpu_index] = msgspec.structs.replace(
+        entries[cpu_index], payload=p.CpuKernelPayload("nobody.registered.this")
+    )
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(
+        p.encode_json(
+            p.PipelineDocument(
+                pipeline=msgspec.structs.replace(
+                    document.pipeline, intermediates=(huge, *document.pipeline.intermediates[1:])
+                ),
+                registry=p.KernelCallRegistry(entries=tuple(entries)),
+            )
+        )
+    )
+    assert main(["validate", str(plan)]) == 1
+    out = capsys.readouterr().out
+    assert "LimitExceeded: intermediate 0 needs" in out
+    assert "$.pipeline.intermediates[0].extent" in out
+    assert "'nobody.registered.this' is not registered" in out
+    assert f"$.registry.entries[{cpu_index}].payload.name" in out
 
 
 def test_schema_is_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -271,6 +271,24 @@ def test_a_corrupt_cache_is_set_aside_with_a_warning(tmp_path: Path) -> None:
     assert (tmp_path / "tuning.msgpack.corrupt").exists()
 
 
+def test_two_processes_setting_a_corrupt_cache_aside_at_once_do_not_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other process moved the corrupt file between this one's read and its move."""
+    path = tmp_path / "tuning.msgpack"
+    path.write_bytes(b"\xc1 not msgpack")
+    replace = os.replace
+
+    def the_other_process_first(source: Path, target: Path) -> None:
+        replace(source, target)  # the other process's move
+        replace(source, target)  # this one's: the file is gone
+
+    monkeypatch.setattr(os, "replace", the_other_process_first)
+    with pytest.warns(RuntimeWarning, match="cannot be read"):
+        assert TuningCache(path).entries() == {}
+    assert (tmp_path / "tuning.msgpack.corrupt").exists()
+
+
 async def test_a_pipeline_is_tuned_end_to_end(cpu_backend: accy.CpuBackend) -> None:
     problem = p.PipelineTuningProblem(
         name="scan",
@@ -436,10 +454,19 @@ def test_cli_tune_prints_a_table_and_caches(
     captured = capsys.readouterr()
     assert "probe" in captured.out and "block 128" in captured.out
     assert "[" in captured.err and "6/6" in captured.err  # the progress bar
+    assert "tuning 1 problems (6 candidates)" in captured.err  # said before it starts
+    assert "s left" in captured.err  # the estimate, by the pace so far
+    assert "6/6 ~0 s left" in captured.err
     assert main([*arguments, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["results"][0]["cached"] is True
     assert report["results"][0]["winner"] == 1
+
+
+def test_cli_tune_takes_a_builtin_plan_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "saxpy_f32", "--backend", "cpu", "-n", "20000", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "saxpy.f32" in out and "prefix_sum.f32" not in out
 
 
 def test_cli_tunes_the_builtin_kernels_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:

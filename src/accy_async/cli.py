@@ -25,18 +25,23 @@ import numpy as np
 
 from . import __version__, library
 from .backends import auto_backend_choice, open_backend
+from .backends.base import Limits
+from .backends.cpu_kernels import lookup_cpu_kernel
 from .buffers import download, upload
 from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_int
-from .errors import AccyError, InvalidArtifact, OutOfDeviceMemory
+from .errors import AccyError, InvalidArtifact, LimitExceeded, OutOfDeviceMemory
 from .pipeline import (
     PipelineLaunch,
     allocate_pipeline_intermediates,
     choose_format,
+    intermediate_byte_size,
     launch_pipeline,
     load_pipeline_artifacts,
 )
 from .plan import (
+    CpuKernelPayload,
     DType,
+    Fixed,
     LaunchGraphDocument,
     PipelineDocument,
     PlanDocument,
@@ -387,12 +392,51 @@ def _problems_of(reference: str) -> list[AccyError]:
                 _rooted(problem, "pipeline", f"[{fmt.value}] {problem.message}")
                 for problem in document.pipeline.problems(document.registry, fmt)
             )
+        problems.extend(_size_problems(document))
+        problems.extend(_registration_problems(document))
     elif isinstance(document, LaunchGraphDocument) and document.graph is not None:
         try:
             document.graph.validate(document.artifact_plan)
         except AccyError as exc:
             problems.append(_rooted(exc, "graph", exc.message))
     return problems
+
+
+def _size_problems(document: PipelineDocument) -> list[AccyError]:
+    """Intermediates of fixed size that no backend would allocate (by the default limits)."""
+    limit = Limits().max_buffer_bytes
+    problems: list[AccyError] = []
+    for index, spec in enumerate(document.pipeline.intermediates):
+        if not isinstance(spec.extent, Fixed):
+            continue  # sized by runtime scalars: checked by `run` and every launch
+        try:
+            size = intermediate_byte_size(spec, (), index)
+        except AccyError as exc:
+            problems.append(exc)
+            continue
+        if size > limit:
+            problems.append(
+                LimitExceeded(
+                    f"intermediate {index} needs {size:,} bytes, over the {limit:,} bytes "
+                    "a backend allocates at once by default",
+                    path=f"$.pipeline.intermediates[{index}].extent",
+                )
+            )
+    return problems
+
+
+def _registration_problems(document: PipelineDocument) -> list[AccyError]:
+    """CPU kernels the plan names that this process has not registered (`run` would fail)."""
+    return [
+        InvalidArtifact(
+            f"[cpu] kernel {entry.payload.name!r} is not registered in this process (register "
+            "it with @accy_async.cpu_kernel in the program that runs the plan)",
+            path=f"$.registry.entries[{index}].payload.name",
+        )
+        for index, entry in enumerate(document.registry.entries)
+        if isinstance(entry.payload, CpuKernelPayload)
+        and lookup_cpu_kernel(entry.payload.name) is None
+    ]
 
 
 def _rooted(problem: AccyError, field: str, message: str) -> AccyError:

@@ -76,7 +76,10 @@ def add_tune_parser(commands: Any) -> None:
 
 
 class ProgressBar:
-    """``[#####.....] done/total  last candidate`` on one terminal line (plain lines otherwise)."""
+    """``[###...] done/total ~Ns left  last candidate`` on one terminal line (else plain lines).
+
+    The time left is the time per candidate so far times the candidates to go.
+    """
 
     WIDTH = 30
 
@@ -86,6 +89,13 @@ class ProgressBar:
         self.done = 0
         self.quiet = quiet
         self.tty = stream.isatty()
+        self.started = time.perf_counter()
+
+    def left(self) -> str:
+        """About how long the candidates to go will take, by the pace so far."""
+        elapsed = time.perf_counter() - self.started
+        seconds = elapsed / max(1, self.done) * max(0, self.total - self.done)
+        return f"~{seconds:.0f} s left"
 
     def __call__(self, progress: TuningProgress) -> None:
         self.done += 1
@@ -99,7 +109,10 @@ class ProgressBar:
             if candidate.status == "ok"
             else candidate.status
         )
-        line = f"[{bar}] {self.done}/{self.total} {progress.problem}: {candidate.label} {what}"
+        line = (
+            f"[{bar}] {self.done}/{self.total} {self.left()} "
+            f"{progress.problem}: {candidate.label} {what}"
+        )
         if self.tty:
             print(f"\r\x1b[2K{line[:160]}", end="", file=self.stream, flush=True)
         else:
