@@ -178,3 +178,18 @@ def test_cpu_kernel_names_are_checked_and_not_silently_replaced() -> None:
         accy.cpu_kernel("no spaces allowed")
     with pytest.raises(ValueError, match="already registered"):
         accy.cpu_kernel("tests.copy_f32")(lambda ctx: None)
+
+
+async def test_more_memory_than_the_machine_has_is_refused_before_allocating(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    """Linux would grant it and kill the process on first touch: refused up front instead."""
+    from accy_async.backends.cpu import host_memory_available
+
+    available = host_memory_available()
+    if available is None or available + 2**30 > cpu_backend.limits.max_buffer_bytes:
+        pytest.skip("the machine's memory is unknown, or beyond the backend's own limit")
+    live = len(cpu_backend.live_objects())
+    with pytest.raises(accy.OutOfDeviceMemory, match="bytes are available"):
+        cpu_backend.allocate_buffer(available + 2**30)
+    assert len(cpu_backend.live_objects()) == live  # nothing was made
