@@ -25,9 +25,8 @@ async def main(backend_kind: accy.backends.BackendKind, n: int) -> None:
         async with pool, scratch:
             await accy.launch_pipeline(
                 backend,
-                accy.PipelineLaunch(
-                    pipeline=pipeline,
-                    registry=registry,
+                accy.PipelineLaunch.of(
+                    document,  # checks the buffers against the plan's shapes first
                     operands=[source.bind("read_only")],
                     results=[result.bind()],
                     runtime_scalar_arguments=scalars,

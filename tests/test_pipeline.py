@@ -158,3 +158,39 @@ async def test_plain_runtime_scalars_are_checked_whatever_was_launched_before() 
             await launch_pipeline(backend, request(wrong))
     backend.destroy_all([x, y])
     await backend.aclose()
+
+
+async def test_buffers_are_checked_against_the_documents_shapes_before_anything_launches() -> None:
+    """Undersized or mistyped operands and results are refused by name; the backend stays sound."""
+    document = library.load_builtin("prefix_sum_f32")
+    n = 10_000
+    async with accy.CpuBackend() as backend:
+        x = accy.upload(backend, np.ones(n, np.float32))
+        short = backend.allocate_buffer(4 * n - 4)
+        doubles = accy.upload(backend, np.ones(n, np.float64))
+        y = backend.allocate_buffer(4 * n)
+
+        async def launch(operand: accy.BufferHandle, result: accy.BufferHandle) -> None:
+            await launch_pipeline(
+                backend,
+                PipelineLaunch.of(
+                    document,
+                    operands=[operand.bind("read_only")],
+                    results=[result.bind()],
+                    runtime_scalar_arguments=(n,),
+                ),
+            )
+
+        for operand, result, path, message in (
+            (short, y, r"\$\.operands\[0\]", r"operand 0 \('x'\) has 39996 bytes, .* 40000"),
+            (x, short, r"\$\.results\[0\]", r"result 0 \('y'\) has 39996 bytes"),
+            (doubles, y, r"\$\.operands\[0\]", r"holds f64, the plan takes f32"),
+        ):
+            with pytest.raises(accy.LaunchArgumentMismatch, match=message) as caught:
+                await launch(operand, result)
+            assert caught.value.path is not None
+            assert caught.value.path.startswith(path.replace("\\", ""))
+        await launch(x, y)  # nothing was poisoned: the right buffers run
+        sums = await accy.download(backend, y, np.float32, n)
+        assert sums[-1] == n
+        backend.destroy_all([x, short, doubles, y])

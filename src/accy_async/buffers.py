@@ -26,7 +26,9 @@ def upload(
     The caller destroys the buffer (``backend.destroy``) once done with it.
     """
     values = np.ascontiguousarray(array, dtype=dtype)
-    buffer = backend.allocate_buffer(max(values.nbytes, 1))
+    buffer = backend.allocate_buffer(
+        max(values.nbytes, 1), dtype=DType.from_numpy(values.dtype.name)
+    )
     try:
         if values.nbytes:
             backend.write_buffer(buffer, values.reshape(-1).view(np.uint8).data, stream=stream)

@@ -5,8 +5,9 @@ once. Everything is checked before anything is allocated or launched: the
 chain against the registry, the operand and result counts, the runtime
 scalars and their bounds, a pool's stage count, version, format and target,
 each scratch buffer's count, size and that it aliases no other scratch,
-operand or result buffer. The stages then launch in order on
-``request.stream``.
+operand or result buffer, and, for a request made from a plan document
+(:meth:`PipelineLaunch.of`), each operand's and result's size and dtype. The
+stages then launch in order on ``request.stream``.
 
 Ownership follows the seed. With neither a pool nor scratch buffers, the call
 allocates the intermediates and loads the kernels itself, waits for the
@@ -57,6 +58,7 @@ from .plan import (
     KernelCallPipeline,
     KernelCallRegistry,
     Operand,
+    PipelineBuffer,
     PipelineDocument,
     PipelineIntermediate,
     RegistryEntry,
@@ -234,6 +236,47 @@ class PipelineLaunch:
     artifacts: PipelineArtifactPool | None = None
     stream: StreamHandle | None = None
     diagnostic_id: str | None = None
+    operand_shapes: Sequence[PipelineBuffer] = ()
+    """What each operand must hold (a plan document's ``operands``): when given, each
+    operand is checked to hold at least its extent, and its dtype where the buffer knows one,
+    before anything launches. :meth:`of` fills it from a document."""
+    result_shapes: Sequence[PipelineBuffer] = ()
+    """The same for the results."""
+
+    @classmethod
+    def of(
+        cls,
+        document: PipelineDocument,
+        *,
+        operands: Sequence[BufferBinding] = (),
+        results: Sequence[BufferBinding] = (),
+        runtime_scalar_arguments: Sequence[ScalarArgument | int | float] = (),
+        intermediates: Sequence[BufferBinding] | None = None,
+        artifacts: PipelineArtifactPool | None = None,
+        stream: StreamHandle | None = None,
+        format: ArtifactFormat | None = None,
+        diagnostic_id: str | None = None,
+    ) -> PipelineLaunch:
+        """A launch of ``document``'s pipeline whose buffers are checked against its shapes.
+
+        An undersized buffer or one of another dtype is refused with a
+        :class:`LaunchArgumentMismatch` naming it, before anything launches
+        (a kernel would read or write past its end).
+        """
+        return cls(
+            pipeline=document.pipeline,
+            registry=document.registry,
+            format=format,
+            operands=operands,
+            results=results,
+            runtime_scalar_arguments=runtime_scalar_arguments,
+            intermediates=intermediates,
+            artifacts=artifacts,
+            stream=stream,
+            diagnostic_id=diagnostic_id,
+            operand_shapes=document.operands,
+            result_shapes=document.results,
+        )
 
 
 # ----- the checked form of a (pipeline, registry, format) ----------------------------------
@@ -256,6 +299,8 @@ class _Program:
 class _Resolved:
     """What the runtime scalars decide: each stage's scalars and geometry, scratch sizes."""
 
+    arguments: tuple[ScalarArgument, ...]
+    """The runtime scalars, typed."""
     stage_scalars: tuple[tuple[ScalarArgument, ...], ...]
     geometry: tuple[tuple[tuple[int, int, int], tuple[int, int, int], int], ...]
     intermediate_sizes: tuple[int, ...]
@@ -357,7 +402,7 @@ def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float
         scalars = tuple(_derive(derivation, arguments, stage_index) for derivation in stage.scalars)
         stage_scalars.append(scalars)
         geometry.append(entry.launch.resolve(scalars))
-    resolved = _Resolved(tuple(stage_scalars), tuple(geometry), sizes)
+    resolved = _Resolved(tuple(arguments), tuple(stage_scalars), tuple(geometry), sizes)
     program.resolved[key] = resolved
     if len(program.resolved) > _RESOLVED_CAPACITY:
         program.resolved.popitem(last=False)
@@ -552,6 +597,8 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")
     backend.check_bindings(operands, "$.operands")
     backend.check_bindings(results, "$.results")
+    if request.operand_shapes or request.result_shapes:
+        _check_shapes(request, resolved.arguments)
     if provided is not None:
         _check_intermediates(backend, provided, resolved.intermediate_sizes, request)
 
@@ -656,6 +703,38 @@ def _launch_stage(
         shared,
         stream,
     )
+
+
+def _check_shapes(request: PipelineLaunch, arguments: Sequence[ScalarArgument]) -> None:
+    """Each operand and result holds its shape's extent, of its dtype where the buffer knows."""
+    for what, bindings, shapes in (
+        ("operand", request.operands, request.operand_shapes),
+        ("result", request.results, request.result_shapes),
+    ):
+        if not shapes:
+            continue
+        if len(shapes) != len(bindings):
+            raise LaunchArgumentMismatch(
+                f"{len(shapes)} {what} shapes for {len(bindings)} {what}s",
+                path=f"$.{what}_shapes",
+            )
+        for index, (binding, shape) in enumerate(zip(bindings, shapes, strict=True)):
+            path = f"$.{what}s[{index}]"
+            known = binding.handle.dtype
+            if known is not None and known is not shape.dtype:
+                raise LaunchArgumentMismatch(
+                    f"{what} {index} ({shape.name!r}) holds {known.value}, "
+                    f"the plan takes {shape.dtype.value}",
+                    path=path,
+                )
+            count = resolve_quantity(shape.extent, arguments)
+            needed = count * shape.dtype.size
+            if binding.byte_size < needed:
+                raise LaunchArgumentMismatch(
+                    f"{what} {index} ({shape.name!r}) has {binding.byte_size} bytes, the launch "
+                    f"needs {needed} ({count} {shape.dtype.value})",
+                    path=path,
+                )
 
 
 def _check_intermediates(

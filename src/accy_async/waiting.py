@@ -25,8 +25,9 @@ them: ``launch_pipeline``, ``download``, graph runs) wait the same way:
 Each wait follows a :data:`~accy_async.backends.WaitPolicy`, the backend's
 (``backend.wait_policy``, ``"balanced"`` by default) or the call's
 ``policy=``: ``"latency"`` watches from the first moment (it may spin a
-core), ``"balanced"`` sleeps until the work is nearly due, ``"frugal"`` sleeps
-to the due time and polls sparsely: about a tenth of a core, more latency.
+core), ``"balanced"`` sleeps until the work is nearly due, ``"frugal"`` looks
+in once a forecast spread before the due time (so the forecast learns when
+work ends early) and polls sparsely after: about a tenth of a core, more latency.
 """
 
 from __future__ import annotations
@@ -352,8 +353,8 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
     ),
     "frugal": _Schedule(
         spin_throughout=False,
-        wake_early=False,
-        spread_factor=0.0,
+        wake_early=True,
+        spread_factor=1.0,
         approach=False,
         look_ins=0,
         tight_window=False,
@@ -368,6 +369,9 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
 
 _TRUSTED_SPREAD: Final = 0.25
 """A forecast whose spread exceeds this share of the time to its due time is not slept on."""
+
+_SHORT_WAIT: Final = 150e-6
+"""Work due sooner than this is watched around its forecast however unsure that is."""
 
 _APPROACH: Final = 300e-6
 """The length of the last sleep before the due time: short sleeps land on time, long ones late."""
@@ -400,7 +404,11 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
             await checkpoint()
         return
     expected = target.anticipate()
-    if expected is not None and expected.spread > _TRUSTED_SPREAD * (expected.due - start):
+    if (
+        expected is not None
+        and expected.due - start > _SHORT_WAIT
+        and expected.spread > _TRUSTED_SPREAD * (expected.due - start)
+    ):
         expected = None  # too unsure to sleep on: the work's length is not what was launched
     if expected is not None:
         if await _sleep_until_due(loop, query, expected, schedule):
@@ -414,10 +422,13 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
             else:
                 step = max(expected.spread / 2, schedule.alarm_step)
                 await loop.sleep_until(time.perf_counter() + step)
-    # No forecast, or the work runs past it: polls spaced by a fraction of the time waited.
+    # No forecast, or the work runs past it: polls spaced by a fraction of the time waited
+    # (since the due time, if the wait began before it: a late finish is judged by how late
+    # it is; a forecast already past when the wait began counts for nothing).
+    origin = start if expected is None else max(start, expected.due)
     while not query():
         now = time.perf_counter()
-        elapsed = now - start
+        elapsed = now - origin
         if elapsed < schedule.spin:
             await checkpoint()
             continue

@@ -75,6 +75,12 @@ ACCURATE: Final = 0.015
 _REFIT_EVERY: Final = 16
 """How often an accurate model refits all the same, to follow slow drifts."""
 
+_LOCAL_RATE: Final = 0.3
+"""How far one measurement moves its quarter octave's measured point."""
+
+_LOCAL_AT_MOST: Final = 1024
+"""Measured points kept per model; more means a changed program: start again."""
+
 _LEDGER_TRIM_AT: Final = 512
 """A ledger this long drops the items predicted to have ended long ago."""
 
@@ -116,16 +122,34 @@ def byte_features(arguments: Any) -> tuple[float, ...]:
 
 
 class CostModel:
-    """A duration as ``a + b * x`` for the best of a vector of features ``x``.
+    """A duration as ``a + b * x`` for the best of a vector of features ``x``, bent to fit.
 
     ``features`` turns what the ledger stored for a launch (or a burst) into
     the feature vector. Per feature, a weighted least-squares fit is kept as
     running sums with forgetting; the feature with the smallest residual
     predicts. With one sample, or features that never varied, the
     prediction is the mean.
+
+    Real costs are not lines: work that fits in the L2 cache runs faster per
+    byte, small grids pay a fixed tail. So where work of about that size was
+    measured (a smoothed point per quarter octave of each feature), the
+    prediction can interpolate between the nearest measured points instead;
+    it does while that has predicted clearly better than the line.
     """
 
-    __slots__ = ("_best", "_sums", "checked", "features", "name", "relative_error", "samples")
+    __slots__ = (
+        "_best",
+        "_line_error",
+        "_local",
+        "_local_error",
+        "_prefer_local",
+        "_sums",
+        "checked",
+        "features",
+        "name",
+        "relative_error",
+        "samples",
+    )
 
     def __init__(self, name: str, features: Callable[[Any], tuple[float, ...]]) -> None:
         self.name = name
@@ -138,22 +162,73 @@ class CostModel:
         """A smoothed mean of ``|prediction - actual| / actual``, taken before each sample."""
         self._sums: list[list[float]] = []
         self._best: tuple[float, float, int] | None = None  # intercept, slope, feature index
+        self._local: dict[tuple[int, int], tuple[float, float]] = {}
+        """``(feature index, quarter octave of x)`` -> a smoothed measured ``(x, seconds)``."""
+        self._line_error = 0.25
+        self._local_error = 0.25
+        self._prefer_local = False
+        """Whether the measured points have predicted clearly better than the line lately."""
 
     def predict(self, arguments: Any) -> float | None:
         """The predicted duration in seconds, or ``None`` before the first sample."""
         best = self._best
         if best is None:
             return None
+        intercept, slope, _ = best
+        if not slope and not self._prefer_local:
+            return max(intercept, SMALLEST_COST)
+        line, local = self._predictions(best, arguments)
+        return local if self._prefer_local and local is not None else line
+
+    def _predictions(
+        self, best: tuple[float, float, int], arguments: Any
+    ) -> tuple[float, float | None]:
+        """The line's prediction, and the one from the measured points near ``x`` (if any)."""
         intercept, slope, index = best
-        if slope:
-            features = self.features(arguments)
-            if index < len(features):
-                return max(intercept + slope * features[index], SMALLEST_COST)
-        return max(intercept, SMALLEST_COST)
+        features = self.features(arguments)
+        if index >= len(features):
+            return max(intercept, SMALLEST_COST), None
+        x = features[index]
+        line = max(intercept + slope * x, SMALLEST_COST)
+        near = self._near(index, x)
+        if near is None:
+            return line, None
+        (x0, t0), other = near
+        if other is not None and other[0] != x0:
+            x1, t1 = other
+            return line, max(t0 + (t1 - t0) * (x - x0) / (x1 - x0), SMALLEST_COST)
+        return line, max(t0 + slope * (x - x0), SMALLEST_COST)
+
+    def _near(
+        self, index: int, x: float
+    ) -> tuple[tuple[float, float], tuple[float, float] | None] | None:
+        """The measured points nearest ``x``: its quarter octave's, and the next toward ``x``."""
+        if x <= 0 or not self._local:
+            return None
+        local = self._local
+        step = math.floor(4 * math.log2(x))
+        here = local.get((index, step))
+        for distance in (1, 2):
+            below = local.get((index, step - distance))
+            above = local.get((index, step + distance))
+            if here is None:
+                if below is not None and above is not None:
+                    return below, above
+                here = below if below is not None else above
+                if here is not None:
+                    return here, None
+                continue
+            toward = above if x > here[0] else below
+            if toward is not None:
+                return here, toward
+        return None if here is None else (here, None)
 
     def learn(self, arguments: Any, seconds: float) -> None:
         """Fold in that work with ``arguments`` took ``seconds``."""
         predicted = self.predict(arguments)
+        if predicted is not None:
+            self._judge(arguments, seconds)
+        self._remember(arguments, seconds)
         if predicted is not None:
             error = abs(predicted - seconds) / max(seconds, SMALLEST_COST)
             self.relative_error += (min(error, 4.0) - self.relative_error) / 4
@@ -175,6 +250,36 @@ class CostModel:
             sums[5] += weight * x * seconds
         self.samples += 1
         self._best = self._fit()
+
+    def _judge(self, arguments: Any, seconds: float) -> None:
+        """Score the line and the measured points on this measurement; prefer the better."""
+        assert self._best is not None
+        line, local = self._predictions(self._best, arguments)
+        actual = max(seconds, SMALLEST_COST)
+        self._line_error += (min(abs(line - seconds) / actual, 4.0) - self._line_error) / 8
+        if local is not None:
+            error = min(abs(local - seconds) / actual, 4.0)
+            self._local_error += (error - self._local_error) / 8
+        self._prefer_local = self._local_error < 0.8 * self._line_error
+
+    def _remember(self, arguments: Any, seconds: float) -> None:
+        """Move the measured point of ``arguments``' quarter octave toward this measurement."""
+        features = self.features(arguments)
+        local = self._local
+        if len(local) >= _LOCAL_AT_MOST:
+            local.clear()
+        for index, x in enumerate(features):
+            if x <= 0:
+                continue
+            key = (index, math.floor(4 * math.log2(x)))
+            old = local.get(key)
+            if old is None:
+                local[key] = (x, seconds)
+            else:
+                local[key] = (
+                    old[0] + (x - old[0]) * _LOCAL_RATE,
+                    old[1] + (seconds - old[1]) * _LOCAL_RATE,
+                )
 
     def confirm(self) -> None:
         """A prediction was seen to be right, as closely as could be told: trust it more."""
@@ -371,7 +476,10 @@ class Ledger:
     def _simulate_bursts(self, bursts: list[list[Item]], depth: int) -> Anticipation | None:
         """When ``bursts`` (the ledger's first items, grouped) end, run from ``start``."""
         end, spread = self.start, 0.0
-        for burst in bursts:
+        index = 0
+        while index < len(bursts):
+            burst = bursts[index]
+            index += 1
             model, arguments, _ = burst[0]
             if model is None:
                 if depth >= _WAIT_DEPTH:
@@ -383,6 +491,12 @@ class Ledger:
                     end, spread = awaited.due, max(spread, awaited.spread)
                 continue
             finished = self.forecast.finish(burst, end)
+            while finished is None and index < len(bursts) and bursts[index][0][0] is not None:
+                # A pause on the host (a collection, a first allocation) split a burst it has
+                # measured whole: join the pieces again.
+                burst = burst + bursts[index]
+                index += 1
+                finished = self.forecast.finish(burst, end)
             if finished is None:
                 return None
             end, spread = finished[0], spread + finished[1]

@@ -51,6 +51,14 @@ class DType(enum.Enum):
         """The NumPy dtype name of the same layout (``bf16`` is stored as ``uint16``)."""
         return _NUMPY_NAMES[self]
 
+    @classmethod
+    def from_numpy(cls, name: str) -> DType | None:
+        """The element type of a NumPy dtype ``name`` (``"float32"``), ``None`` if none has it.
+
+        ``uint16`` is ``u16``, never ``bf16``.
+        """
+        return _FROM_NUMPY.get(name)
+
 
 _DTYPE_SIZES: Final = {
     DType.U8: 1,
@@ -79,6 +87,9 @@ _NUMPY_NAMES: Final = {
     DType.U64: "uint64",
     DType.I64: "int64",
     DType.F64: "float64",
+}
+_FROM_NUMPY: Final = {
+    name: dtype for dtype, name in _NUMPY_NAMES.items() if dtype is not DType.BF16
 }
 
 ScalarType: TypeAlias = Literal["u32", "i32", "u64", "i64", "f32", "f64"]
