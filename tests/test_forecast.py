@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -309,3 +310,12 @@ def test_a_cost_that_is_not_a_line_is_learned_per_size() -> None:
     assert errors[len(errors) // 2] < 0.01, errors[len(errors) // 2]
     assert errors[int(0.9 * len(errors))] < 0.03, errors[int(0.9 * len(errors))]
     assert model.relative_error < 0.03
+
+
+def test_features_that_are_not_finite_are_not_located() -> None:
+    """A feature of inf or nan has no size octave: it is skipped, never raised on."""
+    model = CostModel("k", byte_features)
+    model.learn(1000.0, 1e-3)
+    for odd in (math.inf, math.nan):
+        model.learn(odd, 1e-3)
+        model.predict(odd)

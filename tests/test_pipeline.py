@@ -194,3 +194,26 @@ async def test_buffers_are_checked_against_the_documents_shapes_before_anything_
         sums = await accy.download(backend, y, np.float32, n)
         assert sums[-1] == n
         backend.destroy_all([x, short, doubles, y])
+
+
+def test_a_bf16_shape_takes_the_uint16_array_it_is_uploaded_as() -> None:
+    """NumPy has no bfloat16: bf16 data is uploaded as uint16, and recorded as u16."""
+    from accy_async.pipeline import _check_shapes
+
+    backend = accy.RecordingBackend()
+    x = accy.upload(backend, np.ones(10, np.uint16))
+
+    def request(dtype: p.DType) -> PipelineLaunch:
+        shape = p.PipelineBuffer(name="x", dtype=dtype, extent=p.Fixed(10))
+        return PipelineLaunch(
+            pipeline=SEED_PIPELINE,
+            registry=SEED_REGISTRY,
+            operands=[x.bind("read_only")],
+            operand_shapes=[shape],
+        )
+
+    _check_shapes(request(p.DType.BF16), ())
+    _check_shapes(request(p.DType.U16), ())
+    with pytest.raises(accy.LaunchArgumentMismatch, match="holds u16, the plan takes f16"):
+        _check_shapes(request(p.DType.F16), ())
+    backend.destroy(x)

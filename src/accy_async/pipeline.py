@@ -721,7 +721,8 @@ def _check_shapes(request: PipelineLaunch, arguments: Sequence[ScalarArgument]) 
         for index, (binding, shape) in enumerate(zip(bindings, shapes, strict=True)):
             path = f"$.{what}s[{index}]"
             known = binding.handle.dtype
-            if known is not None and known is not shape.dtype:
+            # bf16 is stored as uint16: an uploaded bf16 array is recorded as u16.
+            if known is not None and known.numpy_name != shape.dtype.numpy_name:
                 raise LaunchArgumentMismatch(
                     f"{what} {index} ({shape.name!r}) holds {known.value}, "
                     f"the plan takes {shape.dtype.value}",

@@ -371,7 +371,8 @@ _TRUSTED_SPREAD: Final = 0.25
 """A forecast whose spread exceeds this share of the time to its due time is not slept on."""
 
 _SHORT_WAIT: Final = 150e-6
-"""Work due sooner than this is watched around its forecast however unsure that is."""
+"""Work due within this (and unsure by no more) is watched around its forecast all the same;
+a forecast already past when the wait begins is not."""
 
 _APPROACH: Final = 300e-6
 """The length of the last sleep before the due time: short sleeps land on time, long ones late."""
@@ -404,12 +405,12 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
             await checkpoint()
         return
     expected = target.anticipate()
-    if (
-        expected is not None
-        and expected.due - start > _SHORT_WAIT
-        and expected.spread > _TRUSTED_SPREAD * (expected.due - start)
-    ):
-        expected = None  # too unsure to sleep on: the work's length is not what was launched
+    if expected is not None:
+        to_go = expected.due - start
+        if expected.spread > _TRUSTED_SPREAD * to_go and not (
+            0 < to_go <= _SHORT_WAIT and expected.spread <= _SHORT_WAIT
+        ):
+            expected = None  # too unsure to sleep on: the work's length is not what was launched
     if expected is not None:
         if await _sleep_until_due(loop, query, expected, schedule):
             return

@@ -93,6 +93,10 @@ _LEARN_FROM_AT_MOST: Final = 64
 _FORECAST_AT_MOST: Final = 512
 """A point behind more queued items than this is not forecast (the simulation costs too much)."""
 
+_JOIN_AT_MOST: Final = 3
+"""Pieces of a split burst joined again in search of its model (a kernel never measured
+would otherwise join every later burst, for nothing)."""
+
 _WAIT_DEPTH: Final = 16
 """How many device-side waits deep a forecast follows other streams."""
 
@@ -203,7 +207,7 @@ class CostModel:
         self, index: int, x: float
     ) -> tuple[tuple[float, float], tuple[float, float] | None] | None:
         """The measured points nearest ``x``: its quarter octave's, and the next toward ``x``."""
-        if x <= 0 or not self._local:
+        if not 0 < x < math.inf or not self._local:
             return None
         local = self._local
         step = math.floor(4 * math.log2(x))
@@ -224,7 +228,12 @@ class CostModel:
         return None if here is None else (here, None)
 
     def learn(self, arguments: Any, seconds: float) -> None:
-        """Fold in that work with ``arguments`` took ``seconds``."""
+        """Fold in that work with ``arguments`` took ``seconds``.
+
+        A measurement whose features or duration are not finite is ignored.
+        """
+        if not math.isfinite(seconds) or not all(map(math.isfinite, self.features(arguments))):
+            return
         predicted = self.predict(arguments)
         if predicted is not None:
             self._judge(arguments, seconds)
@@ -269,7 +278,7 @@ class CostModel:
         if len(local) >= _LOCAL_AT_MOST:
             local.clear()
         for index, x in enumerate(features):
-            if x <= 0:
+            if not 0 < x < math.inf:
                 continue
             key = (index, math.floor(4 * math.log2(x)))
             old = local.get(key)
@@ -491,11 +500,18 @@ class Ledger:
                     end, spread = awaited.due, max(spread, awaited.spread)
                 continue
             finished = self.forecast.finish(burst, end)
-            while finished is None and index < len(bursts) and bursts[index][0][0] is not None:
+            joined = 0
+            while (
+                finished is None
+                and joined < _JOIN_AT_MOST
+                and index < len(bursts)
+                and bursts[index][0][0] is not None
+            ):
                 # A pause on the host (a collection, a first allocation) split a burst it has
                 # measured whole: join the pieces again.
                 burst = burst + bursts[index]
                 index += 1
+                joined += 1
                 finished = self.forecast.finish(burst, end)
             if finished is None:
                 return None
