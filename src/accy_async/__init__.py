@@ -29,6 +29,7 @@ from .backends import (
     open_backend,
 )
 from .buffers import download, upload
+from .call import PipelineCall, open_pipeline
 from .errors import (
     AccyError,
     BackendClosed,
@@ -121,6 +122,7 @@ __all__ = [
     "LoadedKernels",
     "OutOfDeviceMemory",
     "PipelineArtifactPool",
+    "PipelineCall",
     "PipelineIntermediates",
     "PipelineLaunch",
     "PlanError",
@@ -148,6 +150,7 @@ __all__ = [
     "load_kernels",
     "load_pipeline_artifacts",
     "open_backend",
+    "open_pipeline",
     "synchronize",
     "upload",
     "wait_event",

@@ -371,8 +371,9 @@ _TRUSTED_SPREAD: Final = 0.25
 """A forecast whose spread exceeds this share of the time to its due time is not slept on."""
 
 _SHORT_WAIT: Final = 150e-6
-"""Work due within this (and unsure by no more) is watched around its forecast all the same;
-a forecast already past when the wait begins is not."""
+"""Work due within this, or already past its due time, is watched around its forecast all
+the same if that is unsure by no more than this (the first kernel on a fresh stream starts
+later than forecast): at most a few hundred microseconds of polling between checkpoints."""
 
 _APPROACH: Final = 300e-6
 """The length of the last sleep before the due time: short sleeps land on time, long ones late."""
@@ -408,7 +409,7 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
     if expected is not None:
         to_go = expected.due - start
         if expected.spread > _TRUSTED_SPREAD * to_go and not (
-            0 < to_go <= _SHORT_WAIT and expected.spread <= _SHORT_WAIT
+            to_go <= _SHORT_WAIT and expected.spread <= _SHORT_WAIT
         ):
             expected = None  # too unsure to sleep on: the work's length is not what was launched
     if expected is not None:
@@ -454,7 +455,7 @@ async def _sleep_until_due(
         wake_at -= clock.margin + schedule.spread_factor * expected.spread
     now = time.perf_counter()
     if now >= wake_at:
-        if schedule.wake_early:
+        if schedule.wake_early and now < expected.due:  # the margin, not the forecast, missed
             clock.missed_a_sleep()
         return False
     look_ins = schedule.look_ins

@@ -1,0 +1,437 @@
+"""Arrays in, arrays out: a pipeline as an awaitable function.
+
+::
+
+    async with accy.open_pipeline("prefix_sum_f32", backend=backend) as scan:
+        y = await scan(x)                     # x: a 1-D NumPy array of the plan's dtype
+
+The call is the high-level face of :func:`~accy_async.pipeline.launch_pipeline`.
+It takes the plan's operands as NumPy arrays, in the plan's order, and gives
+back its results as new NumPy arrays (or fills the ``out=`` arrays given).
+Runtime scalars come from the arrays where the plan sizes an operand by one
+(``n = len(x)``), or by name (``await saxpy(x, y, a=2.0)``). The format, the
+kernel pool, the scratch buffers and the streams are the call's business:
+loaded once, sized for the largest request seen, reused.
+
+On the CPU backend the arrays are used in place: the kernels read the
+operands and write the results where they lie, no copy either way. On other
+backends the operands are copied to the device and the results back.
+
+Everything is checked before anything runs: the count, dtype and shape of
+each array, the scalars, their types and bounds. Concurrent calls get their
+own stream and scratch (up to ``max_lanes`` at once, the rest wait). A
+cancelled call returns at once; what the device is still using, the caller's
+arrays included, is released only once the device is done with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+
+from ._loops import checkpoint
+from .backends.base import Backend, BufferBinding, BufferHandle, StreamHandle
+from .buffers import download
+from .errors import LaunchArgumentMismatch, UnsupportedOperation
+from .library import load_builtin
+from .pipeline import (
+    PipelineArtifactPool,
+    PipelineIntermediates,
+    PipelineLaunch,
+    allocate_pipeline_intermediates,
+    intermediate_byte_size,
+    launch_pipeline,
+    load_pipeline_artifacts,
+)
+from .plan import (
+    ArtifactFormat,
+    Forward,
+    PipelineBuffer,
+    PipelineDocument,
+    ScalarArgument,
+    resolve_quantity,
+)
+from .waiting import release_when_idle, wait_stream
+
+__all__ = ["DEFAULT_LANES", "PipelineCall", "open_pipeline"]
+
+DEFAULT_LANES: Final = 8
+"""Calls that may run at once on one :class:`PipelineCall` by default."""
+
+Arrays = np.ndarray[Any, Any] | tuple[np.ndarray[Any, Any], ...]
+
+
+def open_pipeline(
+    plan: str | PipelineDocument,
+    *,
+    backend: Backend,
+    format: ArtifactFormat | None = None,
+    max_lanes: int = DEFAULT_LANES,
+) -> PipelineCall:
+    """The pipeline ``plan`` (a built-in plan's name, or a document) as an awaitable function.
+
+    Use it as an async context manager: entering loads the kernels, leaving
+    waits for the calls' work and frees everything. The plan must describe
+    its operands and results (``operands``, ``results`` in the document), as
+    every built-in plan does.
+    """
+    document = load_builtin(plan) if isinstance(plan, str) else plan
+    if max_lanes < 1:
+        raise ValueError(f"max_lanes must be at least 1, got {max_lanes}")
+    pipeline = document.pipeline
+    if (pipeline.operand_count and not document.operands) or (
+        pipeline.result_count and not document.results
+    ):
+        raise UnsupportedOperation(
+            f"plan {pipeline.target!r} does not describe its operands and results "
+            "(the document's 'operands' and 'results'): launch it with launch_pipeline"
+        )
+    return PipelineCall(document, backend, format, max_lanes)
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One call's stream, scratch and (off the CPU) device copies of the arrays."""
+
+    stream: StreamHandle
+    scratch: PipelineIntermediates | None = None
+    buffers: dict[tuple[str, int], BufferHandle] = field(default_factory=dict)
+
+    def objects(self) -> list[Any]:
+        scratch = [] if self.scratch is None else [b.handle for b in self.scratch]
+        return [*scratch, *self.buffers.values(), self.stream]
+
+
+class PipelineCall:
+    """A loaded pipeline, called with arrays; see :func:`open_pipeline`."""
+
+    def __init__(
+        self,
+        document: PipelineDocument,
+        backend: Backend,
+        format: ArtifactFormat | None,
+        max_lanes: int,
+    ) -> None:
+        self.document = document
+        self.backend = backend
+        self._format = format
+        self._pool: PipelineArtifactPool | None = None
+        self._free: list[_Lane] = []
+        self._lanes = anyio.Semaphore(max_lanes)
+        self._names = document.runtime_scalar_names or tuple(
+            f"arg{index}" for index in range(document.pipeline.runtime_scalar_argument_count)
+        )
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    async def __aenter__(self) -> PipelineCall:
+        pipeline = self.document.pipeline
+        self._pool = await load_pipeline_artifacts(
+            self.backend, pipeline, self.document.registry, self._format
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Wait for the calls' work, then free the lanes and unload the kernels."""
+        if self._closed:
+            await checkpoint()
+            return
+        self._closed = True
+        lanes, self._free = self._free, []
+        for lane in lanes:
+            if lane.scratch is not None:
+                await lane.scratch.aclose()
+            await release_when_idle(
+                self.backend, [*lane.buffers.values(), lane.stream], [lane.stream]
+            )
+        if self._pool is not None:
+            await self._pool.aclose()
+
+    async def __call__(
+        self,
+        *operands: npt.ArrayLike,
+        out: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]] | None = None,
+        **scalars: ScalarArgument | int | float,
+    ) -> Arrays:
+        """Run the pipeline on ``operands``; its result (a tuple of them if several).
+
+        Raises :class:`LaunchArgumentMismatch` naming the array or scalar
+        that does not fit, before anything runs.
+        """
+        if self._pool is None or self._closed:
+            raise LaunchArgumentMismatch(
+                "the pipeline call is not open (use it as 'async with open_pipeline(...)')"
+            )
+        document = self.document
+        arrays = self._check_operands(operands)
+        arguments = self._scalars(arrays, scalars)
+        results = self._results(out, arguments)
+        async with self._lanes:
+            lane = self._free.pop() if self._free else _Lane(self.backend.create_stream())
+            try:
+                await self._fit(lane, arguments)
+            except BaseException:
+                self._retire(lane)
+                raise
+            if self.backend.kind == "cpu":
+                await self._run_in_place(lane, arrays, results, arguments)
+            else:
+                await self._run_with_copies(lane, arrays, results, arguments)
+            if self.closed:  # closed while this call ran: nobody will reuse the lane
+                self._retire(lane)
+            else:
+                self._free.append(lane)
+        return results[0] if document.pipeline.result_count == 1 else tuple(results)
+
+    # ----- checks -----------------------------------------------------------------------
+
+    def _check_operands(self, operands: Sequence[npt.ArrayLike]) -> list[np.ndarray[Any, Any]]:
+        shapes = self.document.operands
+        if len(operands) != len(shapes):
+            names = ", ".join(shape.name for shape in shapes)
+            raise LaunchArgumentMismatch(
+                f"{self.document.pipeline.target!r} takes {len(shapes)} operands ({names}), "
+                f"got {len(operands)}",
+                path="$.operands",
+            )
+        return [
+            _checked_array(
+                array, shape, f"operand {index} ({shape.name!r})", f"$.operands[{index}]"
+            )
+            for index, (array, shape) in enumerate(zip(operands, shapes, strict=True))
+        ]
+
+    def _scalars(
+        self,
+        arrays: Sequence[np.ndarray[Any, Any]],
+        given: Mapping[str, ScalarArgument | int | float],
+    ) -> tuple[ScalarArgument, ...]:
+        """The runtime scalars: by name, or the length of an operand the plan sizes by one."""
+        names = self._names
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise LaunchArgumentMismatch(
+                f"no runtime scalar named {unknown[0]!r}; the plan has {', '.join(names)}",
+                path="$.runtime_scalar_arguments",
+            )
+        values: list[ScalarArgument | int | float] = []
+        for index, name in enumerate(names):
+            if name in given:
+                values.append(given[name])
+                continue
+            lengths = {
+                shape.name: array.size
+                for array, shape in zip(arrays, self.document.operands, strict=True)
+                if isinstance(shape.extent, Forward) and shape.extent.argument_index == index
+            }
+            if not lengths:
+                raise LaunchArgumentMismatch(
+                    f"runtime scalar {name!r} is not the length of an operand: pass {name}=...",
+                    path=f"$.runtime_scalar_arguments[{index}]",
+                )
+            if len(set(lengths.values())) > 1:
+                described = ", ".join(f"{key} has {value}" for key, value in lengths.items())
+                raise LaunchArgumentMismatch(
+                    f"operands sized by {name!r} differ in length ({described})",
+                    path="$.operands",
+                )
+            values.append(next(iter(lengths.values())))
+        arguments = self.document.pipeline.validate_runtime_scalar_arguments(values)
+        for index, (array, shape) in enumerate(zip(arrays, self.document.operands, strict=True)):
+            needed = resolve_quantity(shape.extent, arguments)
+            if array.size < needed:
+                raise LaunchArgumentMismatch(
+                    f"operand {index} ({shape.name!r}) has {array.size} elements, "
+                    f"the launch needs {needed}",
+                    path=f"$.operands[{index}]",
+                )
+        return arguments
+
+    def _results(
+        self,
+        out: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]] | None,
+        arguments: Sequence[ScalarArgument],
+    ) -> list[np.ndarray[Any, Any]]:
+        """The arrays the results land in: ``out``'s (checked), or new ones."""
+        shapes = self.document.results
+        counts = [resolve_quantity(shape.extent, arguments) for shape in shapes]
+        if out is None:
+            return [
+                np.empty(count, _numpy_dtype(shape))
+                for shape, count in zip(shapes, counts, strict=True)
+            ]
+        given = [out] if isinstance(out, np.ndarray) else list(out)
+        if len(given) != len(shapes):
+            raise LaunchArgumentMismatch(
+                f"out= has {len(given)} arrays, the plan has {len(shapes)} results", path="$.out"
+            )
+        checked = []
+        for index, (array, shape, count) in enumerate(zip(given, shapes, counts, strict=True)):
+            what, path = f"result {index} ({shape.name!r})", f"$.out[{index}]"
+            array = _checked_array(array, shape, what, path)
+            if not array.flags.writeable:
+                raise LaunchArgumentMismatch(f"{what}: the out= array is read-only", path=path)
+            if array.size < count:
+                raise LaunchArgumentMismatch(
+                    f"{what} has {array.size} elements, the launch needs {count}", path=path
+                )
+            checked.append(array)
+        return checked
+
+    # ----- lanes ------------------------------------------------------------------------
+
+    async def _fit(self, lane: _Lane, arguments: Sequence[ScalarArgument]) -> None:
+        """Grow the lane's scratch to fit ``arguments``."""
+        pipeline = self.document.pipeline
+        needed = [
+            intermediate_byte_size(spec, arguments, index)
+            for index, spec in enumerate(pipeline.intermediates)
+        ]
+        scratch = lane.scratch
+        if needed and (
+            scratch is None
+            or any(b.byte_size < size for b, size in zip(scratch, needed, strict=True))
+        ):
+            lane.scratch = None
+            if scratch is not None:
+                await scratch.aclose()
+            lane.scratch = await allocate_pipeline_intermediates(self.backend, pipeline, arguments)
+
+    def _device_buffer(self, lane: _Lane, key: tuple[str, int], byte_size: int) -> BufferHandle:
+        """The lane's device buffer ``key``, grown to ``byte_size`` (off the CPU)."""
+        buffer = lane.buffers.get(key)
+        if buffer is None or buffer.byte_size < byte_size:
+            if buffer is not None:
+                del lane.buffers[key]
+                self.backend.defer_destroy([buffer], after=lane.stream)
+            buffer = lane.buffers[key] = self.backend.allocate_buffer(max(byte_size, 1))
+        return buffer
+
+    def _retire(self, lane: _Lane, extra: Sequence[Any] = ()) -> None:
+        """A lane whose work may still run (a cancelled or failed call): free it afterwards."""
+        self.backend.defer_destroy([*extra, *lane.objects()], after=lane.stream)
+
+    # ----- running ----------------------------------------------------------------------
+
+    def _launch(
+        self,
+        lane: _Lane,
+        operands: Sequence[BufferBinding],
+        results: Sequence[BufferBinding],
+        arguments: tuple[ScalarArgument, ...],
+    ) -> PipelineLaunch:
+        return PipelineLaunch.of(
+            self.document,
+            operands=tuple(operands),
+            results=tuple(results),
+            runtime_scalar_arguments=arguments,
+            intermediates=lane.scratch,
+            artifacts=self._pool,
+            stream=lane.stream,
+        )
+
+    async def _run_in_place(
+        self,
+        lane: _Lane,
+        arrays: Sequence[np.ndarray[Any, Any]],
+        results: Sequence[np.ndarray[Any, Any]],
+        arguments: tuple[ScalarArgument, ...],
+    ) -> None:
+        """CPU: the kernels read and write the caller's arrays where they lie."""
+        backend = self.backend
+        handles: list[BufferHandle] = []
+        try:
+            for array in (*arrays, *results):
+                native = array.reshape(-1).view(np.uint8)
+                handles.append(backend.register_external_buffer(native, native.size))
+            count = len(arrays)
+            request = self._launch(
+                lane,
+                [handle.bind("read_only") for handle in handles[:count]],
+                [handle.bind() for handle in handles[count:]],
+                arguments,
+            )
+            await launch_pipeline(backend, request)
+            await wait_stream(backend, lane.stream)
+        except BaseException:
+            self._retire(lane, handles)  # the arrays stay referenced until the work is done
+            raise
+        backend.destroy_all(handles)
+
+    async def _run_with_copies(
+        self,
+        lane: _Lane,
+        arrays: Sequence[np.ndarray[Any, Any]],
+        results: Sequence[np.ndarray[Any, Any]],
+        arguments: tuple[ScalarArgument, ...],
+    ) -> None:
+        """Off the CPU: copy the operands in, run, copy the results out."""
+        backend = self.backend
+        try:
+            operands = []
+            for index, array in enumerate(arrays):
+                buffer = self._device_buffer(lane, ("operand", index), array.nbytes)
+                if array.nbytes:
+                    backend.write_buffer(
+                        buffer, array.reshape(-1).view(np.uint8).data, stream=lane.stream
+                    )
+                operands.append(buffer.bind("read_only", byte_size=max(array.nbytes, 1)))
+            outputs = []
+            for index, array in enumerate(results):
+                buffer = self._device_buffer(lane, ("result", index), array.nbytes)
+                outputs.append(buffer.bind(byte_size=max(array.nbytes, 1)))
+            await launch_pipeline(backend, self._launch(lane, operands, outputs, arguments))
+            for index, array in enumerate(results):
+                values = await download(
+                    backend,
+                    lane.buffers[("result", index)],
+                    array.dtype,
+                    array.size,
+                    stream=lane.stream,
+                )
+                array.reshape(-1)[...] = values
+        except BaseException:
+            self._retire(lane)
+            raise
+
+
+def _numpy_dtype(shape: PipelineBuffer) -> np.dtype[Any]:
+    return np.dtype(shape.dtype.numpy_name)
+
+
+def _checked_array(array: Any, shape: PipelineBuffer, what: str, path: str) -> np.ndarray[Any, Any]:
+    """``array`` as a 1-D C-contiguous NumPy array of the shape's dtype, or a clear error."""
+    if not isinstance(array, np.ndarray):
+        kind = type(array).__name__
+        raise LaunchArgumentMismatch(
+            f"{what} is a {kind}, not a NumPy array (convert it with np.asarray first)",
+            path=path,
+        )
+    expected = _numpy_dtype(shape)
+    if array.dtype != expected:
+        raise LaunchArgumentMismatch(
+            f"{what} holds {array.dtype}, the plan takes {expected} "
+            f"(convert it first: array.astype(np.{expected}))",
+            path=path,
+        )
+    if array.ndim != 1:
+        raise LaunchArgumentMismatch(
+            f"{what} has shape {array.shape}, the plan takes a 1-D array", path=path
+        )
+    if not array.flags.c_contiguous:
+        raise LaunchArgumentMismatch(
+            f"{what} is not contiguous (pass np.ascontiguousarray(...))", path=path
+        )
+    return array
