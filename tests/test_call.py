@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import anyio
@@ -211,3 +213,60 @@ async def test_a_closed_call_refuses_and_a_plan_without_shapes_is_refused(
     bare = accy.plan.PipelineDocument(pipeline=document.pipeline, registry=document.registry)
     with pytest.raises(accy.UnsupportedOperation, match="does not describe its operands"):
         accy.open_pipeline(bare, backend=cpu_backend)
+
+
+async def test_a_cancelled_close_leaves_nothing_behind(cpu_backend: accy.CpuBackend) -> None:
+    before = _leftovers(cpu_backend)
+    with anyio.move_on_after(0.05):
+        async with accy.open_pipeline("prefix_sum_f32", backend=cpu_backend, max_lanes=4) as scan:
+            async with anyio.create_task_group() as group:
+                for n in (10, 1000, 100_000, 1_000_000):
+                    group.start_soon(scan, np.ones(n, np.float32))
+            await anyio.sleep(10)  # cancelled here: the close runs cancelled
+    await accy.synchronize(cpu_backend)
+    assert _leftovers(cpu_backend) == before
+
+
+async def test_the_callers_arrays_are_not_kept_after_the_call(cpu_backend: accy.CpuBackend) -> None:
+    async with accy.open_pipeline("prefix_sum_f32", backend=cpu_backend) as scan:
+        x, out = np.ones(1000, np.float32), np.empty(1000, np.float32)
+        x_ref, out_ref = weakref.ref(x), weakref.ref(out)
+        await scan(x, out=out)
+        del x, out
+        gc.collect()
+        assert x_ref() is None
+        assert out_ref() is None
+
+
+async def test_calls_waiting_for_a_lane_when_it_closes_say_so(cpu_backend: accy.CpuBackend) -> None:
+    errors: list[str] = []
+    scan = accy.open_pipeline("prefix_sum_f32", backend=cpu_backend, max_lanes=1)
+    async with scan:
+
+        async def one() -> None:
+            try:
+                await scan(np.ones(2_000_000, np.float32))
+            except accy.LaunchArgumentMismatch as error:
+                errors.append(str(error))
+
+        async with anyio.create_task_group() as group:
+            for _ in range(3):
+                group.start_soon(one)
+            await anyio.sleep(0.001)
+            await scan.aclose()
+    assert errors
+    assert all("closed before this one ran" in error for error in errors), errors
+
+
+async def test_numpy_scalars_empty_operands_and_odd_out(cpu_backend: accy.CpuBackend) -> None:
+    x, y = np.ones(5, np.float32), np.ones(5, np.float32)
+    async with accy.open_pipeline("saxpy_f32", backend=cpu_backend) as saxpy:
+        result = await saxpy(x, y, a=np.float32(2), n=np.int64(5))
+        assert isinstance(result, np.ndarray)
+        assert list(result) == [3.0] * 5
+        empty = np.ones(0, np.float32)
+        with pytest.raises(accy.LaunchArgumentMismatch, match="operand 'x' is empty"):
+            await saxpy(empty, empty, a=1.0)
+        with pytest.raises(accy.LaunchArgumentMismatch, match="out= is a int") as caught:
+            await saxpy(x, y, a=1.0, out=5)  # type: ignore[arg-type]
+        assert caught.value.path == "$.out"

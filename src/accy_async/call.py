@@ -26,6 +26,7 @@ arrays included, is released only once the device is done with it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -65,6 +66,8 @@ DEFAULT_LANES: Final = 8
 
 Arrays = np.ndarray[Any, Any] | tuple[np.ndarray[Any, Any], ...]
 
+_CLOSED_BEFORE: Final = "the pipeline call was closed before this one ran"
+
 
 def open_pipeline(
     plan: str | PipelineDocument,
@@ -103,8 +106,44 @@ class _Lane:
     buffers: dict[tuple[str, int], BufferHandle] = field(default_factory=dict)
 
     def objects(self) -> list[Any]:
+        """What the lane owns but its stream: scratch buffers and device copies."""
         scratch = [] if self.scratch is None else [b.handle for b in self.scratch]
-        return [*scratch, *self.buffers.values(), self.stream]
+        if self.scratch is not None:
+            self.scratch.closed = True  # its buffers are released with the lane's
+        return [*scratch, *self.buffers.values()]
+
+
+class _Slots:
+    """At most ``count`` holders at once; the rest wait, in order.
+
+    Taking a free slot does not yield: the launch that follows is the call's
+    checkpoint.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiting: deque[anyio.Event] = deque()
+
+    async def acquire(self) -> None:
+        if self._free and not self._waiting:
+            self._free -= 1
+            return
+        event = anyio.Event()
+        self._waiting.append(event)
+        try:
+            await event.wait()
+        except BaseException:
+            if event.is_set():
+                self.release()  # handed a slot as it was cancelled: pass it on
+            else:
+                self._waiting.remove(event)
+            raise
+
+    def release(self) -> None:
+        if self._waiting:
+            self._waiting.popleft().set()
+        else:
+            self._free += 1
 
 
 class PipelineCall:
@@ -122,7 +161,9 @@ class PipelineCall:
         self._format = format
         self._pool: PipelineArtifactPool | None = None
         self._free: list[_Lane] = []
-        self._lanes = anyio.Semaphore(max_lanes)
+        self._slots = _Slots(max_lanes)
+        self._retired_streams: list[StreamHandle] = []
+        """Streams of lanes given up after a failure or cancellation, destroyed at close."""
         self._names = document.runtime_scalar_names or tuple(
             f"arg{index}" for index in range(document.pipeline.runtime_scalar_argument_count)
         )
@@ -131,6 +172,10 @@ class PipelineCall:
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    def _closed_now(self) -> bool:
+        """:attr:`closed`, read again after an await (a call, so type checkers do not narrow)."""
         return self._closed
 
     async def __aenter__(self) -> PipelineCall:
@@ -144,26 +189,30 @@ class PipelineCall:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Wait for the calls' work, then free the lanes and unload the kernels."""
+        """Wait for the calls' work, then free the lanes and unload the kernels.
+
+        Cancelled, it returns at once; what the device still uses is released
+        once it is done.
+        """
         if self._closed:
             await checkpoint()
             return
         self._closed = True
         lanes, self._free = self._free, []
-        for lane in lanes:
-            if lane.scratch is not None:
-                await lane.scratch.aclose()
-            await release_when_idle(
-                self.backend, [*lane.buffers.values(), lane.stream], [lane.stream]
-            )
-        if self._pool is not None:
-            await self._pool.aclose()
+        objects = [each for lane in lanes for each in lane.objects()]
+        streams = [*(lane.stream for lane in lanes), *self._retired_streams]
+        self._retired_streams = []
+        try:
+            if self._pool is not None:
+                await self._pool.aclose()  # waits for every stream it ran on
+        finally:
+            await release_when_idle(self.backend, [*objects, *streams], streams)
 
     async def __call__(
         self,
         *operands: npt.ArrayLike,
         out: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]] | None = None,
-        **scalars: ScalarArgument | int | float,
+        **scalars: ScalarArgument | int | float | np.generic,
     ) -> Arrays:
         """Run the pipeline on ``operands``; its result (a tuple of them if several).
 
@@ -178,7 +227,10 @@ class PipelineCall:
         arrays = self._check_operands(operands)
         arguments = self._scalars(arrays, scalars)
         results = self._results(out, arguments)
-        async with self._lanes:
+        await self._slots.acquire()
+        try:
+            if self._closed_now():
+                raise LaunchArgumentMismatch(_CLOSED_BEFORE)
             lane = self._free.pop() if self._free else _Lane(self.backend.create_stream())
             try:
                 await self._fit(lane, arguments)
@@ -189,10 +241,12 @@ class PipelineCall:
                 await self._run_in_place(lane, arrays, results, arguments)
             else:
                 await self._run_with_copies(lane, arrays, results, arguments)
-            if self.closed:  # closed while this call ran: nobody will reuse the lane
+            if self._closed_now():  # closed while this call ran: nobody will reuse the lane
                 self._retire(lane)
             else:
                 self._free.append(lane)
+        finally:
+            self._slots.release()
         return results[0] if document.pipeline.result_count == 1 else tuple(results)
 
     # ----- checks -----------------------------------------------------------------------
@@ -216,7 +270,7 @@ class PipelineCall:
     def _scalars(
         self,
         arrays: Sequence[np.ndarray[Any, Any]],
-        given: Mapping[str, ScalarArgument | int | float],
+        given: Mapping[str, ScalarArgument | int | float | np.generic],
     ) -> tuple[ScalarArgument, ...]:
         """The runtime scalars: by name, or the length of an operand the plan sizes by one."""
         names = self._names
@@ -229,7 +283,10 @@ class PipelineCall:
         values: list[ScalarArgument | int | float] = []
         for index, name in enumerate(names):
             if name in given:
-                values.append(given[name])
+                value = given[name]
+                if isinstance(value, np.integer | np.floating):
+                    value = value.item()  # a NumPy scalar (x.mean(), len as np.int64)
+                values.append(value)  # type: ignore[arg-type]  # checked just below
                 continue
             lengths = {
                 shape.name: array.size
@@ -247,7 +304,12 @@ class PipelineCall:
                     f"operands sized by {name!r} differ in length ({described})",
                     path="$.operands",
                 )
-            values.append(next(iter(lengths.values())))
+            length = next(iter(lengths.values()))
+            if length == 0:
+                raise LaunchArgumentMismatch(
+                    f"operand {next(iter(lengths))!r} is empty", path="$.operands"
+                )
+            values.append(length)
         arguments = self.document.pipeline.validate_runtime_scalar_arguments(values)
         for index, (array, shape) in enumerate(zip(arrays, self.document.operands, strict=True)):
             needed = resolve_quantity(shape.extent, arguments)
@@ -272,7 +334,15 @@ class PipelineCall:
                 np.empty(count, _numpy_dtype(shape))
                 for shape, count in zip(shapes, counts, strict=True)
             ]
-        given = [out] if isinstance(out, np.ndarray) else list(out)
+        if isinstance(out, np.ndarray):
+            given = [out]
+        elif isinstance(out, list | tuple):
+            given = list(out)
+        else:
+            raise LaunchArgumentMismatch(
+                f"out= is a {type(out).__name__}: pass a NumPy array, or a list of them",
+                path="$.out",
+            )
         if len(given) != len(shapes):
             raise LaunchArgumentMismatch(
                 f"out= has {len(given)} arrays, the plan has {len(shapes)} results", path="$.out"
@@ -320,8 +390,33 @@ class PipelineCall:
         return buffer
 
     def _retire(self, lane: _Lane, extra: Sequence[Any] = ()) -> None:
-        """A lane whose work may still run (a cancelled or failed call): free it afterwards."""
-        self.backend.defer_destroy([*extra, *lane.objects()], after=lane.stream)
+        """A lane whose work may still run (a cancelled or failed call): free it afterwards.
+
+        Its stream lives on until :meth:`aclose` (the pool waits for it before
+        unloading the kernels it may still run), unless the call is closed already.
+        """
+        objects = [*extra, *lane.objects()]
+        if self._closed:
+            objects.append(lane.stream)
+        else:
+            self._retired_streams.append(lane.stream)
+        self.backend.defer_destroy(objects, after=lane.stream)
+
+    async def _launch_once(self, request: PipelineLaunch) -> None:
+        """Launch a request made for one call, which the pool need not remember."""
+        assert self._pool is not None
+        if self._closed_now():
+            raise LaunchArgumentMismatch(_CLOSED_BEFORE)
+        try:
+            await launch_pipeline(self.backend, request)
+        except LaunchArgumentMismatch as error:
+            if self._closed_now() and error.path == "$.artifacts":  # closed as it was admitted
+                raise LaunchArgumentMismatch(_CLOSED_BEFORE) from error
+            raise
+        finally:
+            # The pool keeps launched requests to relaunch them cheaply; this one will not
+            # come again, and on the CPU it holds the caller's arrays.
+            self._pool.memos.pop(id(request), None)
 
     # ----- running ----------------------------------------------------------------------
 
@@ -363,7 +458,7 @@ class PipelineCall:
                 [handle.bind() for handle in handles[count:]],
                 arguments,
             )
-            await launch_pipeline(backend, request)
+            await self._launch_once(request)
             await wait_stream(backend, lane.stream)
         except BaseException:
             self._retire(lane, handles)  # the arrays stay referenced until the work is done
@@ -392,7 +487,7 @@ class PipelineCall:
             for index, array in enumerate(results):
                 buffer = self._device_buffer(lane, ("result", index), array.nbytes)
                 outputs.append(buffer.bind(byte_size=max(array.nbytes, 1)))
-            await launch_pipeline(backend, self._launch(lane, operands, outputs, arguments))
+            await self._launch_once(self._launch(lane, operands, outputs, arguments))
             for index, array in enumerate(results):
                 values = await download(
                     backend,
