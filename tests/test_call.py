@@ -87,7 +87,7 @@ async def test_scalars_come_from_lengths_or_by_name(executing_backend: accy.Back
             ([1.0] * 10, np.ones(10, np.float32)),
             {"a": 1.0},
             None,
-            "is a list, not a NumPy array",
+            "is a list, not an array",
             "$.operands[0]",
         ),
         (
@@ -267,6 +267,6 @@ async def test_numpy_scalars_empty_operands_and_odd_out(cpu_backend: accy.CpuBac
         empty = np.ones(0, np.float32)
         with pytest.raises(accy.LaunchArgumentMismatch, match="operand 'x' is empty"):
             await saxpy(empty, empty, a=1.0)
-        with pytest.raises(accy.LaunchArgumentMismatch, match="out= is a int") as caught:
-            await saxpy(x, y, a=1.0, out=5)  # type: ignore[arg-type]
-        assert caught.value.path == "$.out"
+        with pytest.raises(accy.LaunchArgumentMismatch, match="is a int, not an array") as caught:
+            await saxpy(x, y, a=1.0, out=5)
+        assert caught.value.path == "$.out[0]"

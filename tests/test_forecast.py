@@ -319,3 +319,23 @@ def test_features_that_are_not_finite_are_not_located() -> None:
     for odd in (math.inf, math.nan):
         model.learn(odd, 1e-3)
         model.predict(odd)
+
+
+def test_a_wait_for_unseen_work_stops_forecasts_until_a_later_point_is_seen(
+    clock: Clock,
+) -> None:
+    """A stream made to wait for another library's stream: its work starts when that ends."""
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    seen_at(ledger, 1, clock.now + LAUNCH_LATENCY + 1e-3)
+    clock.now += 1.0
+    ledger.lose_track()
+    ledger.enqueue(model, launch(1))
+    assert ledger.anticipate(ledger.position) is None
+    seen_at(ledger, ledger.position, clock.now + 5e-3)
+    clock.now += 1.0
+    ledger.enqueue(model, launch(1))
+    expected = ledger.anticipate(ledger.position)
+    assert expected is not None
+    assert expected.due == pytest.approx(clock.now + LAUNCH_LATENCY + 1e-3, abs=1e-6)

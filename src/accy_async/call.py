@@ -33,12 +33,12 @@ from typing import Any, Final
 
 import anyio
 import numpy as np
-import numpy.typing as npt
 
 from ._loops import checkpoint
 from .backends.base import Backend, BufferBinding, BufferHandle, StreamHandle
 from .buffers import download
 from .errors import LaunchArgumentMismatch, UnsupportedOperation
+from .interop import DeviceArray, Lease, device_array, empty_like
 from .library import load_builtin
 from .pipeline import (
     PipelineArtifactPool,
@@ -64,7 +64,11 @@ __all__ = ["DEFAULT_LANES", "PipelineCall", "open_pipeline"]
 DEFAULT_LANES: Final = 8
 """Calls that may run at once on one :class:`PipelineCall` by default."""
 
-Arrays = np.ndarray[Any, Any] | tuple[np.ndarray[Any, Any], ...]
+Arrays = Any
+"""What a call returns: an array of the caller's kind, or a tuple of them."""
+
+_Array = np.ndarray[Any, Any] | DeviceArray
+"""An operand or result as checked: a NumPy array, or another library's device array."""
 
 _CLOSED_BEFORE: Final = "the pipeline call was closed before this one ran"
 
@@ -210,14 +214,20 @@ class PipelineCall:
 
     async def __call__(
         self,
-        *operands: npt.ArrayLike,
-        out: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]] | None = None,
+        *operands: Any,
+        out: Any = None,
         **scalars: ScalarArgument | int | float | np.generic,
     ) -> Arrays:
         """Run the pipeline on ``operands``; its result (a tuple of them if several).
 
-        Raises :class:`LaunchArgumentMismatch` naming the array or scalar
-        that does not fit, before anything runs.
+        Operands are NumPy arrays or, on CUDA, any 1-D contiguous array with
+        ``__cuda_array_interface__`` (CuPy, PyTorch); results are of the
+        first device operand's kind (else NumPy), or ``out=``'s. With device
+        arrays only, the call returns once the work is enqueued, ordered
+        after the producers' streams and before the consumer's (PyTorch's
+        current stream, CuPy's): no host synchronisation. Raises
+        :class:`LaunchArgumentMismatch` naming the array or scalar that does
+        not fit, before anything runs.
         """
         if self._pool is None or self._closed:
             raise LaunchArgumentMismatch(
@@ -226,7 +236,10 @@ class PipelineCall:
         document = self.document
         arrays = self._check_operands(operands)
         arguments = self._scalars(arrays, scalars)
-        results = self._results(out, arguments)
+        results = self._results(out, arguments, arrays)
+        on_cpu = self.backend.kind == "cpu"
+        if on_cpu:
+            _refuse_device_arrays(arrays, results)
         await self._slots.acquire()
         try:
             if self._closed_now():
@@ -237,21 +250,22 @@ class PipelineCall:
             except BaseException:
                 self._retire(lane)
                 raise
-            if self.backend.kind == "cpu":
-                await self._run_in_place(lane, arrays, results, arguments)
+            if on_cpu:
+                await self._run_in_place(lane, arrays, results, arguments)  # type: ignore[arg-type]
             else:
-                await self._run_with_copies(lane, arrays, results, arguments)
+                await self._run_on_device(lane, arrays, results, arguments)
             if self._closed_now():  # closed while this call ran: nobody will reuse the lane
                 self._retire(lane)
             else:
                 self._free.append(lane)
         finally:
             self._slots.release()
-        return results[0] if document.pipeline.result_count == 1 else tuple(results)
+        given = [each.owner if isinstance(each, DeviceArray) else each for each in results]
+        return given[0] if document.pipeline.result_count == 1 else tuple(given)
 
     # ----- checks -----------------------------------------------------------------------
 
-    def _check_operands(self, operands: Sequence[npt.ArrayLike]) -> list[np.ndarray[Any, Any]]:
+    def _check_operands(self, operands: Sequence[Any]) -> list[_Array]:
         shapes = self.document.operands
         if len(operands) != len(shapes):
             names = ", ".join(shape.name for shape in shapes)
@@ -261,15 +275,13 @@ class PipelineCall:
                 path="$.operands",
             )
         return [
-            _checked_array(
-                array, shape, f"operand {index} ({shape.name!r})", f"$.operands[{index}]"
-            )
+            _checked(array, shape, f"operand {index} ({shape.name!r})", f"$.operands[{index}]")
             for index, (array, shape) in enumerate(zip(operands, shapes, strict=True))
         ]
 
     def _scalars(
         self,
-        arrays: Sequence[np.ndarray[Any, Any]],
+        arrays: Sequence[_Array],
         given: Mapping[str, ScalarArgument | int | float | np.generic],
     ) -> tuple[ScalarArgument, ...]:
         """The runtime scalars: by name, or the length of an operand the plan sizes by one."""
@@ -322,27 +334,25 @@ class PipelineCall:
         return arguments
 
     def _results(
-        self,
-        out: np.ndarray[Any, Any] | Sequence[np.ndarray[Any, Any]] | None,
-        arguments: Sequence[ScalarArgument],
-    ) -> list[np.ndarray[Any, Any]]:
-        """The arrays the results land in: ``out``'s (checked), or new ones."""
+        self, out: Any, arguments: Sequence[ScalarArgument], operands: Sequence[_Array]
+    ) -> list[_Array]:
+        """Where the results land: ``out``'s arrays (checked), or new ones of the operands' kind."""
         shapes = self.document.results
         counts = [resolve_quantity(shape.extent, arguments) for shape in shapes]
         if out is None:
-            return [
-                np.empty(count, _numpy_dtype(shape))
-                for shape, count in zip(shapes, counts, strict=True)
-            ]
-        if isinstance(out, np.ndarray):
-            given = [out]
-        elif isinstance(out, list | tuple):
-            given = list(out)
-        else:
-            raise LaunchArgumentMismatch(
-                f"out= is a {type(out).__name__}: pass a NumPy array, or a list of them",
-                path="$.out",
-            )
+            model = next((each for each in operands if isinstance(each, DeviceArray)), None)
+            made: list[_Array] = []
+            for index, (shape, count) in enumerate(zip(shapes, counts, strict=True)):
+                if model is None:
+                    made.append(np.empty(count, _numpy_dtype(shape)))
+                    continue
+                what, path = f"result {index} ({shape.name!r})", f"$.out[{index}]"
+                new = empty_like(model.owner, _numpy_dtype(shape), count, what)
+                device = device_array(new, what, path)
+                assert device is not None
+                made.append(device)
+            return made
+        given = list(out) if isinstance(out, list | tuple) else [out]
         if len(given) != len(shapes):
             raise LaunchArgumentMismatch(
                 f"out= has {len(given)} arrays, the plan has {len(shapes)} results", path="$.out"
@@ -350,14 +360,15 @@ class PipelineCall:
         checked = []
         for index, (array, shape, count) in enumerate(zip(given, shapes, counts, strict=True)):
             what, path = f"result {index} ({shape.name!r})", f"$.out[{index}]"
-            array = _checked_array(array, shape, what, path)
-            if not array.flags.writeable:
+            item = _checked(array, shape, what, path, out=True)
+            readonly = item.readonly if isinstance(item, DeviceArray) else not item.flags.writeable
+            if readonly:
                 raise LaunchArgumentMismatch(f"{what}: the out= array is read-only", path=path)
-            if array.size < count:
+            if item.size < count:
                 raise LaunchArgumentMismatch(
-                    f"{what} has {array.size} elements, the launch needs {count}", path=path
+                    f"{what} has {item.size} elements, the launch needs {count}", path=path
                 )
-            checked.append(array)
+            checked.append(item)
         return checked
 
     # ----- lanes ------------------------------------------------------------------------
@@ -465,41 +476,88 @@ class PipelineCall:
             raise
         backend.destroy_all(handles)
 
-    async def _run_with_copies(
+    async def _run_on_device(
         self,
         lane: _Lane,
-        arrays: Sequence[np.ndarray[Any, Any]],
-        results: Sequence[np.ndarray[Any, Any]],
+        arrays: Sequence[_Array],
+        results: Sequence[_Array],
         arguments: tuple[ScalarArgument, ...],
     ) -> None:
-        """Off the CPU: copy the operands in, run, copy the results out."""
+        """Off the CPU: device arrays in place, NumPy arrays copied in and out."""
         backend = self.backend
+        leases: list[BufferHandle] = []
         try:
-            operands = []
-            for index, array in enumerate(arrays):
-                buffer = self._device_buffer(lane, ("operand", index), array.nbytes)
-                if array.nbytes:
-                    backend.write_buffer(
-                        buffer, array.reshape(-1).view(np.uint8).data, stream=lane.stream
+            for foreign in _streams((*arrays, *results)):  # results' memory may be in use there
+                backend.follow_foreign_stream(lane.stream, foreign)
+            bindings = []
+            for key, items in (("operand", arrays), ("result", results)):
+                access = "read_only" if key == "operand" else "read_write"
+                for index, item in enumerate(items):
+                    size = max(item.nbytes, 1)
+                    if isinstance(item, DeviceArray):
+                        handle = backend.register_external_buffer(
+                            Lease(item.address, item.owner), size
+                        )
+                        leases.append(handle)
+                    else:
+                        handle = self._device_buffer(lane, (key, index), size)
+                        if key == "operand" and item.nbytes:
+                            data = item.reshape(-1).view(np.uint8).data
+                            backend.write_buffer(handle, data, stream=lane.stream)
+                    bindings.append(handle.bind(access, byte_size=size))  # type: ignore[arg-type]
+            count = len(arrays)
+            request = self._launch(lane, bindings[:count], bindings[count:], arguments)
+            await self._launch_once(request)
+            for foreign in _streams(results):
+                backend.lead_foreign_stream(foreign, lane.stream)
+            for index, item in enumerate(results):
+                if isinstance(item, np.ndarray):
+                    values = await download(
+                        backend,
+                        lane.buffers[("result", index)],
+                        item.dtype,
+                        item.size,
+                        stream=lane.stream,
                     )
-                operands.append(buffer.bind("read_only", byte_size=max(array.nbytes, 1)))
-            outputs = []
-            for index, array in enumerate(results):
-                buffer = self._device_buffer(lane, ("result", index), array.nbytes)
-                outputs.append(buffer.bind(byte_size=max(array.nbytes, 1)))
-            await self._launch_once(self._launch(lane, operands, outputs, arguments))
-            for index, array in enumerate(results):
-                values = await download(
-                    backend,
-                    lane.buffers[("result", index)],
-                    array.dtype,
-                    array.size,
-                    stream=lane.stream,
-                )
-                array.reshape(-1)[...] = values
+                    item.reshape(-1)[...] = values
         except BaseException:
-            self._retire(lane)
+            self._retire(lane, leases)  # the leases hold the arrays until the work is done
             raise
+        if leases:
+            backend.defer_destroy(leases, after=lane.stream)
+
+
+def _streams(items: Sequence[_Array]) -> list[int]:
+    """The distinct foreign streams of the device arrays among ``items``, in order."""
+    streams = (item.stream for item in items if isinstance(item, DeviceArray))
+    return list(dict.fromkeys(stream for stream in streams if stream is not None))
+
+
+def _refuse_device_arrays(arrays: Sequence[_Array], results: Sequence[_Array]) -> None:
+    for what, items in (("operand", arrays), ("result", results)):
+        for index, item in enumerate(items):
+            if isinstance(item, DeviceArray):
+                path = f"$.operands[{index}]" if what == "operand" else f"$.out[{index}]"
+                raise LaunchArgumentMismatch(
+                    f"{what} {index} is a {type(item.owner).__name__} in GPU memory; "
+                    "the cpu backend takes NumPy arrays",
+                    path=path,
+                )
+
+
+def _checked(
+    array: Any, shape: PipelineBuffer, what: str, path: str, *, out: bool = False
+) -> _Array:
+    """A device array (its dtype checked), or a NumPy array (see :func:`_checked_array`)."""
+    device = device_array(array, what, path)
+    if device is None:
+        return _checked_array(array, shape, what, path)
+    expected = _numpy_dtype(shape)
+    if device.dtype != expected:
+        raise LaunchArgumentMismatch(
+            f"{what} holds {device.dtype}, the plan takes {expected}", path=path
+        )
+    return device
 
 
 def _numpy_dtype(shape: PipelineBuffer) -> np.dtype[Any]:
@@ -511,7 +569,8 @@ def _checked_array(array: Any, shape: PipelineBuffer, what: str, path: str) -> n
     if not isinstance(array, np.ndarray):
         kind = type(array).__name__
         raise LaunchArgumentMismatch(
-            f"{what} is a {kind}, not a NumPy array (convert it with np.asarray first)",
+            f"{what} is a {kind}, not an array (NumPy, or on CUDA one with "
+            "__cuda_array_interface__)",
             path=path,
         )
     expected = _numpy_dtype(shape)

@@ -765,6 +765,23 @@ class Backend(abc.ABC):
         self._check_live(event)
         self._wait(self._stream(stream), event)
 
+    def follow_foreign_stream(self, stream: StreamHandle | None, foreign: int) -> None:
+        """Make ``stream`` wait, on the device, for the work queued so far on ``foreign``.
+
+        ``foreign`` is a raw stream handle this backend does not own (another
+        library's: PyTorch's, CuPy's; 1 and 2 are CUDA's legacy and per-thread
+        default streams). Nothing waits on the host. Only backends with such
+        streams (CUDA) support it.
+        """
+        raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
+
+    def lead_foreign_stream(self, foreign: int, stream: StreamHandle | None) -> None:
+        """Make the raw stream ``foreign`` wait, on the device, for the work queued on ``stream``.
+
+        See :meth:`follow_foreign_stream`.
+        """
+        raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
+
     # ----- launch --------------------------------------------------------------------------
 
     def launch(

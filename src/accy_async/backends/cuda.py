@@ -37,7 +37,13 @@ from typing import Any, Final
 import anyio.to_thread
 import numpy as np
 
-from ..errors import DeviceFault, InvalidArtifact, RuntimeUnavailable, UnsupportedOperation
+from ..errors import (
+    DeviceFault,
+    InvalidArtifact,
+    InvalidBuffer,
+    RuntimeUnavailable,
+    UnsupportedOperation,
+)
 from ..plan import ArtifactFormat, ArtifactSpec, BinaryPayload, ScalarArgument, TextPayload
 from ._completion import ALREADY_FIRED, Completion
 from .base import (
@@ -727,6 +733,35 @@ class CudaBackend(Backend):
         if record is None or not self.polled_from_loop:
             return None
         return record.ledger.anticipate(record.position)
+
+    def follow_foreign_stream(self, stream: StreamHandle | None, foreign: int) -> None:
+        """Make ``stream`` wait, on the device, for the work queued so far on ``foreign``."""
+        self._check_usable()
+        ours = self._stream(stream)
+        self._order(self._foreign(foreign), ours.native)
+        self._ledger(ours).lose_track()  # when the foreign work ends is not known here
+
+    def lead_foreign_stream(self, foreign: int, stream: StreamHandle | None) -> None:
+        """Make the raw stream ``foreign`` wait, on the device, for what is queued on ``stream``."""
+        self._check_usable()
+        self._order(self._stream(stream).native, self._foreign(foreign))
+
+    @staticmethod
+    def _foreign(foreign: int) -> Any:
+        if type(foreign) is not int or foreign < 0:
+            raise InvalidBuffer(f"a foreign stream is a raw handle (an int), got {foreign!r}")
+        return driver().CUstream(foreign)
+
+    def _order(self, first: Any, then: Any) -> None:
+        """``then`` waits for what is queued on ``first`` so far (a pooled marker between)."""
+        marker = self._marker()
+        d = driver()
+        try:
+            self._check(d.cuEventRecord(marker, first), "recording on a foreign stream")
+            self._check(d.cuStreamWaitEvent(then, marker, 0), "waiting across streams")
+        finally:
+            # A wait takes the record as it is when enqueued: the marker may be reused.
+            self._recycle_marker(marker)
 
     def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
         self._check(

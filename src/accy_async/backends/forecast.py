@@ -448,6 +448,14 @@ class Ledger:
         if length >= _LEDGER_TRIM_AT and not length % 256:
             self._trim()
 
+    def lose_track(self) -> None:
+        """The stream now waits for work the ledger cannot see: forecast nothing queued so far.
+
+        What is enqueued from here on starts when that unseen work ends, which
+        is not known, so forecasts resume once a later point is seen complete.
+        """
+        self.enqueue_wait(_UNKNOWABLE, 1)
+
     def enqueue_wait(self, ledger: Ledger, position: int) -> None:
         """Note a device-side wait for ``position`` of another stream's ``ledger``."""
         self.items.append((None, _Wait(ledger, position), time.perf_counter()))
@@ -605,6 +613,18 @@ class Ledger:
             del self.items[:keep_from]
             self.first += keep_from
             self.start, self.start_known = end, False
+
+
+class _Unseen(Ledger):
+    """Work on a stream nobody here can see (another library's): never forecast."""
+
+    __slots__ = ()
+
+    def anticipate(self, position: int, depth: int = 0) -> Anticipation | None:
+        return None
+
+
+_UNKNOWABLE: Final = _Unseen(Forecast())
 
 
 def _bursts(items: Sequence[Item]) -> list[list[Item]]:

@@ -1,0 +1,123 @@
+"""Other libraries' GPU arrays: the CUDA Array Interface, read without a copy.
+
+A :class:`DeviceArray` is what accy-async needs of an object exposing
+``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors, Numba
+device arrays): its address, element type and count, and the stream its
+producer queues work on, which a consumer must order itself after on the
+device. PyTorch does not put that stream in the interface (it exports
+version 2), so for a tensor it is PyTorch's current stream on the tensor's
+device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import LaunchArgumentMismatch
+
+__all__ = ["DeviceArray", "Lease", "device_array", "empty_like"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceArray:
+    """A contiguous 1-D array in device memory, owned by another library."""
+
+    owner: Any
+    """The caller's object: kept referenced while the device may use the memory."""
+    address: int
+    dtype: np.dtype[Any]
+    size: int
+    readonly: bool
+    stream: int | None
+    """The raw stream to order after (and to hand results back on); ``None``: none needed."""
+
+    @property
+    def nbytes(self) -> int:
+        """The array's size in bytes."""
+        return self.size * self.dtype.itemsize
+
+
+class Lease:
+    """The ``native`` of a buffer registered over another library's memory.
+
+    Holding the owner keeps the memory from being freed (or reused by a
+    caching allocator) until the buffer is destroyed, which happens only
+    after the work using it has completed.
+    """
+
+    __slots__ = ("address", "owner")
+
+    def __init__(self, address: int, owner: Any) -> None:
+        self.address = address
+        self.owner = owner
+
+
+def device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
+    """``obj`` as a :class:`DeviceArray`, ``None`` if it has no CUDA Array Interface.
+
+    Raises :class:`LaunchArgumentMismatch` for one that is not 1-D and
+    contiguous, or whose interface cannot be read (a tensor that requires
+    grad, say).
+    """
+    try:
+        interface = obj.__cuda_array_interface__
+    except AttributeError:
+        return None
+    except Exception as exc:  # PyTorch refuses tensors that require grad, for one
+        raise LaunchArgumentMismatch(f"{what}: {exc}", path=path) from exc
+    dtype = np.dtype(interface["typestr"])
+    shape = tuple(interface["shape"])
+    if len(shape) != 1:
+        raise LaunchArgumentMismatch(
+            f"{what} has shape {shape}, the plan takes a 1-D array", path=path
+        )
+    strides = interface.get("strides")
+    if strides is not None and shape[0] > 1 and tuple(strides) != (dtype.itemsize,):
+        raise LaunchArgumentMismatch(f"{what} is not contiguous", path=path)
+    address, readonly = interface["data"]
+    return DeviceArray(
+        owner=obj,
+        address=int(address),
+        dtype=dtype,
+        size=int(shape[0]),
+        readonly=bool(readonly),
+        stream=_producer_stream(obj, interface),
+    )
+
+
+def _producer_stream(obj: Any, interface: dict[str, Any]) -> int | None:
+    if _library(obj) == "torch":
+        import torch
+
+        return int(torch.cuda.current_stream(obj.device).cuda_stream)
+    stream = interface.get("stream")
+    return None if stream is None else int(stream)
+
+
+def _library(obj: Any) -> str:
+    return type(obj).__module__.split(".", 1)[0]
+
+
+def empty_like(owner: Any, dtype: np.dtype[Any], count: int, what: str) -> Any:
+    """A new 1-D array of ``count`` ``dtype`` elements from ``owner``'s library and device.
+
+    PyTorch and CuPy are known; for another library pass ``out=``.
+    """
+    library = _library(owner)
+    if library == "torch":
+        import torch
+
+        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+        return torch.empty(count, dtype=torch_dtype, device=owner.device)
+    if library == "cupy":
+        import cupy
+
+        with owner.device:
+            return cupy.empty(count, dtype=dtype)
+    raise LaunchArgumentMismatch(
+        f"{what}: accy-async cannot allocate a {type(owner).__name__} result; pass out=",
+        path="$.out",
+    )

@@ -1,0 +1,110 @@
+"""The high-level call with PyTorch and CuPy arrays on CUDA: zero-copy, ordered by streams."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import accy_async as accy
+
+from .conftest import needs_gpu
+
+pytestmark = [pytest.mark.gpu, needs_gpu]
+
+
+@pytest.fixture
+async def cuda() -> AsyncIterator[accy.Backend]:
+    async with accy.open_backend("cuda") as backend:
+        yield backend
+
+
+def _torch() -> Any:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA here")
+    return torch
+
+
+async def test_torch_in_torch_out_ordered_by_streams_without_a_host_sync(
+    cuda: accy.Backend,
+) -> None:
+    """The producer is still sleeping on its stream when the call returns; nothing races."""
+    torch = _torch()
+    n = 1_000_000
+    side = torch.cuda.Stream()
+    async with accy.open_pipeline("prefix_sum_f32", backend=cuda) as scan:
+        for trial in range(20):
+            value = float(trial % 3 + 1)
+            with torch.cuda.stream(side):
+                x = torch.empty(n, device="cuda")
+                torch.cuda._sleep(2_000_000)  # the fill lands ~1 ms later, on `side`
+                x.fill_(value)
+                y = await scan(x)  # ordered after `side`; `side` ordered after the scan
+                assert isinstance(y, torch.Tensor)
+                assert y.device == x.device
+                assert y.dtype == torch.float32
+                last = y[-1].item()  # read on `side`
+            assert last == value * n, trial
+        out = torch.empty(n, device="cuda")
+        pointer = out.data_ptr()
+        x = torch.ones(n, device="cuda")
+        assert await scan(x, out=out) is out
+        assert out.data_ptr() == pointer
+        assert out[-1].item() == n
+
+
+async def test_cupy_in_cupy_out(cuda: accy.Backend) -> None:
+    cupy = pytest.importorskip("cupy")
+    async with accy.open_pipeline("saxpy_f32", backend=cuda) as saxpy:
+        for n in (1, 1000, 1_000_003):
+            x = cupy.arange(n, dtype=cupy.float32)
+            y = cupy.ones(n, dtype=cupy.float32)
+            result = await saxpy(x, y, a=2.0)
+            assert isinstance(result, cupy.ndarray)
+            expected = 2 * np.arange(n, dtype=np.float32) + 1
+            np.testing.assert_allclose(cupy.asnumpy(result), expected, rtol=1e-6)
+
+
+async def test_numpy_and_device_arrays_mix_and_leases_end(cuda: accy.Backend) -> None:
+    torch = _torch()
+    async with accy.open_pipeline("saxpy_f32", backend=cuda) as saxpy:
+        x = torch.ones(4096, device="cuda")
+        x_ref = weakref.ref(x)
+        host_y = np.full(4096, 3, np.float32)
+        result = await saxpy(x, host_y, a=2.0)  # a device operand: a device result
+        assert isinstance(result, torch.Tensor)
+        assert result.cpu().numpy().tolist() == [5.0] * 4096
+        host_out = np.empty(4096, np.float32)
+        assert await saxpy(x, host_y, a=1.0, out=host_out) is host_out  # NumPy out: waited for
+        assert host_out.tolist() == [4.0] * 4096
+        del x, result
+    await accy.synchronize(cuda)
+    cuda.collect_deferred()
+    gc.collect()
+    assert x_ref() is None  # the lease ended with the work
+
+
+async def test_device_array_mistakes_are_named(cuda: accy.Backend) -> None:
+    torch = _torch()
+    async with (
+        accy.open_pipeline("prefix_sum_f32", backend=cuda) as scan,
+        accy.open_backend("cpu") as cpu,
+        accy.open_pipeline("prefix_sum_f32", backend=cpu) as cpu_scan,
+    ):
+        cases = [
+            (scan, torch.ones(10, device="cuda", dtype=torch.float64), "holds float64"),
+            (scan, torch.ones((2, 5), device="cuda"), r"shape \(2, 5\)"),
+            (scan, torch.ones(20, device="cuda")[::2], "not contiguous"),
+            (scan, torch.ones(10, device="cuda", requires_grad=True), "operand 0"),
+            (cpu_scan, torch.ones(10, device="cuda"), "the cpu backend takes NumPy arrays"),
+        ]
+        for call, operand, message in cases:
+            with pytest.raises(accy.LaunchArgumentMismatch, match=message):
+                await call(operand)
+        y = await scan(torch.ones(10, device="cuda"))
+        assert y[-1].item() == 10
