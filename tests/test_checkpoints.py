@@ -127,6 +127,21 @@ async def test_pipeline_calls_are_checkpoints(recording: accy.RecordingBackend) 
     recording.destroy_all([operand, result])
 
 
+async def test_the_high_level_call_is_a_checkpoint(cpu_backend: accy.CpuBackend) -> None:
+    """``open_pipeline``'s calls: entering, a call on a tiny array, a cancelled call, closing."""
+    x = np.ones(4, np.float32)
+    scan = accy.open_pipeline("prefix_sum_f32", backend=cpu_backend)
+    await assert_checkpoint(scan.__aenter__)
+    await scan(x)  # the lane and its scratch made once
+    await assert_checkpoint(lambda: scan(x))
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await scan(x)
+    assert scope.cancelled_caught
+    await assert_checkpoint(scan.aclose)
+    await assert_checkpoint(scan.aclose)  # closed already
+
+
 async def test_graph_and_kernel_calls_are_checkpoints(recording: accy.RecordingBackend) -> None:
     bindings = bind_all(recording, SIZES)
     async with await load_kernels(recording, chain_plan(recording)) as kernels:

@@ -17,7 +17,7 @@ import anyio.lowlevel
 import pytest
 
 from accy_async import _loops
-from accy_async._loops import _asyncio, _clock, _trio
+from accy_async._loops import _base, _clock, _trio
 from accy_async.backends import Completion
 from accy_async.backends.base import ALREADY_FIRED
 from accy_async.waiting import CompletionLatch
@@ -131,8 +131,7 @@ def test_without_a_timerfd_the_thread_clock_wakes_the_loop(
     library: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Elsewhere than Linux (or where perf_counter is another clock) one thread fires alarms."""
-    monkeypatch.setattr(_asyncio, "timerfd_usable", lambda: False)
-    monkeypatch.setattr(_trio, "timerfd_usable", lambda: False)
+    monkeypatch.setattr(_base, "timerfd_usable", lambda: False)
 
     async def body() -> None:
         assert isinstance(_loops.current().clock, _clock.ThreadClock)

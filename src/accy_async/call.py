@@ -26,7 +26,6 @@ arrays included, is released only once the device is done with it.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -117,39 +116,6 @@ class _Lane:
         return [*scratch, *self.buffers.values()]
 
 
-class _Slots:
-    """At most ``count`` holders at once; the rest wait, in order.
-
-    Taking a free slot does not yield: the launch that follows is the call's
-    checkpoint.
-    """
-
-    def __init__(self, count: int) -> None:
-        self._free = count
-        self._waiting: deque[anyio.Event] = deque()
-
-    async def acquire(self) -> None:
-        if self._free and not self._waiting:
-            self._free -= 1
-            return
-        event = anyio.Event()
-        self._waiting.append(event)
-        try:
-            await event.wait()
-        except BaseException:
-            if event.is_set():
-                self.release()  # handed a slot as it was cancelled: pass it on
-            else:
-                self._waiting.remove(event)
-            raise
-
-    def release(self) -> None:
-        if self._waiting:
-            self._waiting.popleft().set()
-        else:
-            self._free += 1
-
-
 class PipelineCall:
     """A loaded pipeline, called with arrays; see :func:`open_pipeline`."""
 
@@ -165,7 +131,8 @@ class PipelineCall:
         self._format = format
         self._pool: PipelineArtifactPool | None = None
         self._free: list[_Lane] = []
-        self._slots = _Slots(max_lanes)
+        self._slots = anyio.Semaphore(max_lanes, fast_acquire=True)
+        """Lanes in use; a free one is taken without a yield (the launch is the checkpoint)."""
         self._retired_streams: list[StreamHandle] = []
         """Streams of lanes given up after a failure or cancellation, destroyed at close."""
         self._names = document.runtime_scalar_names or tuple(

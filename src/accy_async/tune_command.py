@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import Any, TextIO
 
 import anyio
 import msgspec
@@ -23,6 +23,7 @@ from .backends import open_backend
 from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_float, positive_int
 from .errors import AccyError
 from .library import DEFAULT_TUNING_N, tuning_document
+from .library.tuning import BUILTIN_TARGETS
 from .plan import ArtifactFormat, TuningDocument, decode_json
 from .tuning import Tuner, TuningProblem, TuningProgress, TuningResult, TuningSettings
 
@@ -33,14 +34,6 @@ def default_cache_path() -> Path:
     """``$XDG_CACHE_HOME/accy-async/tuning.msgpack`` (``~/.cache`` when unset)."""
     root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(root) / "accy-async" / "tuning.msgpack"
-
-
-BUILTIN_TARGETS: Final = {
-    "prefix_sum_f32": ("block_scan.f32", "prefix_sum.f32"),
-    "saxpy_f32": ("saxpy.f32",),
-    "sum_f32": ("partial_sum.f32",),
-}
-"""Built-in plan names ``tune`` takes, and the built-in tuning problems of each."""
 
 
 def add_tune_parser(commands: Any) -> None:

@@ -111,10 +111,7 @@ async def wait_stream(
         await _loops.current().wait(_StreamCallback(backend, stream))
         return
     try:
-        if mark.query():
-            await _loops.checkpoint()
-        else:
-            await _watch(backend, mark, policy)
+        await _await_mark(backend, mark, policy)
     finally:
         mark.release()
 
@@ -131,10 +128,8 @@ async def wait_read(pending: PendingRead, *, policy: WaitPolicy | None = None) -
         mark = pending.stream_mark()
         if mark is None:
             await _loops.current().wait(pending.notify_when_complete)
-        elif mark.query():
-            await _loops.checkpoint()
         else:
-            await _watch(mark.backend, mark, policy)
+            await _await_mark(mark.backend, mark, policy)
     except BaseException:
         pending.discard()
         raise
@@ -380,6 +375,14 @@ _APPROACH: Final = 300e-6
 
 _LOOK_BOUNDS: Final = (100e-6, 10e-3)
 """The shortest and longest time between look-ins on the way to the due time."""
+
+
+async def _await_mark(backend: Backend, mark: StreamMark, policy: WaitPolicy | None) -> None:
+    """Wait for a stream mark: a checkpoint if it has completed, else watched per the policy."""
+    if mark.query():
+        await _loops.checkpoint()
+    else:
+        await _watch(backend, mark, policy)
 
 
 async def _watch(backend: Backend, target: _Target, policy: WaitPolicy | None) -> None:

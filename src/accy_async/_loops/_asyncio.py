@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any, Final
 
 from ._base import Bridge, Loop, Register, fresh_error
-from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usable
+from ._clock import TimerfdClock
 
 __all__ = ["YIELD", "AsyncioLoop", "current_asyncio_loop"]
 
@@ -74,47 +74,23 @@ def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(fresh_error(error))
 
 
-class _Delivery:
-    """The callback of one wait (one object, where a closure would take five)."""
-
-    __slots__ = ("_bridge", "_future")
-
-    def __init__(self, bridge: _Bridge, future: asyncio.Future[None]) -> None:
-        self._bridge = bridge
-        self._future = future
-
-    def __call__(self, error: BaseException | None) -> None:
-        self._bridge.deliver(self._future, error)
-
-
 class AsyncioLoop(Loop):
     """The library's state for one asyncio loop; holds no reference to the loop itself."""
 
-    __slots__ = ("_bridge", "_clock", "_close_timer", "_queued", "loop")
+    __slots__ = ("_bridge", "_close_timer", "_queued", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self.loop = weakref.ref(loop)
         self._bridge = _Bridge(self.loop)
-        self._clock: AlarmClock | None = None
         self._close_timer: Any = None
         self._queued: deque[asyncio.Future[None]] = deque()
 
-    @property
-    def clock(self) -> AlarmClock:
-        """The loop's timerfd clock (watched with ``add_reader``), made on first use."""
-        clock = self._clock
-        if clock is None:
-            loop = self.loop()
-            if loop is not None and timerfd_usable():
-                with contextlib.suppress(OSError, NotImplementedError):
-                    clock = self._timerfd_clock(loop)
-            if clock is None:
-                clock = shared_thread_clock()
-            self._clock = clock
-        return clock
-
-    def _timerfd_clock(self, loop: asyncio.AbstractEventLoop) -> TimerfdClock:
+    def _timerfd_clock(self) -> TimerfdClock:
+        """A timerfd the loop's selector watches (``add_reader``), closed with the loop."""
+        loop = self.loop()
+        if loop is None:
+            raise NotImplementedError("the loop is gone")
         clock = TimerfdClock()
         fd = clock.timer.fd
         self._close_timer = weakref.finalize(loop, os.close, fd)
@@ -174,15 +150,6 @@ class AsyncioLoop(Loop):
         """Await the callback ``register`` hands to a backend (see :meth:`Loop.wait`)."""
         return _wait(self._bridge, register)
 
-    async def sleep_until(self, when: float) -> None:
-        """Sleep on the loop's clock until ``when``."""
-        future = asyncio.get_running_loop().create_future()
-        alarm = self.clock.schedule(when, partial(self._bridge.deliver, future, None))
-        try:
-            await future
-        finally:
-            alarm.cancel()
-
 
 @types.coroutine
 def _admitted(state: AsyncioLoop) -> Generator[None, None, None]:
@@ -195,7 +162,7 @@ def _admitted(state: AsyncioLoop) -> Generator[None, None, None]:
 
 async def _wait(bridge: _Bridge, register: Register) -> None:
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    registration = register(_Delivery(bridge, future))
+    registration = register(partial(bridge.deliver, future))
     if future.done():  # fired inside register(), on this thread: still a checkpoint
         await YIELD
         future.result()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 from ..backends._completion import CompletionCallback, CompletionRegistration
 from ..errors import AccyError
-from ._clock import AlarmClock
+from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usable
 
 __all__ = ["ADMITTED_PER_PASS", "WAKE_CHUNK", "Bridge", "Loop", "Register", "fresh_error"]
 
@@ -91,18 +93,38 @@ class Loop(ABC):
     Use it only from the loop's own thread.
     """
 
-    __slots__ = ("_tokens", "watchers")
+    __slots__ = ("_clock", "_tokens", "watchers")
 
     def __init__(self) -> None:
         self.watchers = 0
         """How many waits of this loop are watching their work themselves right now."""
         self._tokens = ADMITTED_PER_PASS
         """Admission tokens not held (see :meth:`admit`)."""
+        self._clock: AlarmClock | None = None
 
     @property
-    @abstractmethod
     def clock(self) -> AlarmClock:
-        """The loop's alarm clock: precise wake-ups, on the loop's thread where possible."""
+        """The loop's alarm clock: precise wake-ups, on the loop's thread where possible.
+
+        A timerfd watched by the loop itself where there is one (made on first
+        use), else the process's shared thread clock.
+        """
+        clock = self._clock
+        if clock is None:
+            if timerfd_usable():
+                with contextlib.suppress(OSError, NotImplementedError):
+                    clock = self._timerfd_clock()
+            if clock is None:
+                clock = shared_thread_clock()
+            self._clock = clock
+        return clock
+
+    @abstractmethod
+    def _timerfd_clock(self) -> TimerfdClock:
+        """A timerfd clock wired to this loop.
+
+        Raises :class:`OSError` or :class:`NotImplementedError` where that cannot be done.
+        """
 
     @abstractmethod
     def checkpoint(self) -> Awaitable[None]:
@@ -134,9 +156,13 @@ class Loop(ABC):
         (:func:`fresh_error`), chained to the original.
         """
 
-    @abstractmethod
-    async def sleep_until(self, when: float) -> None:
-        """Sleep until the :func:`time.perf_counter` instant ``when`` on the loop's clock."""
+    def sleep_until(self, when: float) -> Coroutine[Any, Any, None]:
+        """Sleep until the :func:`time.perf_counter` instant ``when`` on the loop's clock.
+
+        A wait (:meth:`wait`) for an alarm: cancelling it withdraws the alarm.
+        """
+        clock = self.clock
+        return self.wait(lambda callback: clock.schedule(when, partial(callback, None)))
 
 
 def fresh_error(error: BaseException) -> BaseException:

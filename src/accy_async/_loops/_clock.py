@@ -28,6 +28,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Final
 
+from ..backends._completion import CompletionRegistration
+
 __all__ = [
     "Alarm",
     "AlarmClock",
@@ -44,7 +46,7 @@ _LATENESS_LIMIT: Final = 2e-3
 """Lateness samples are clipped here, so one preempted wake-up does not dominate the margin."""
 
 
-class Alarm:
+class Alarm(CompletionRegistration):
     """One scheduled callback; :meth:`cancel` withdraws it (on the thread that scheduled it)."""
 
     __slots__ = ("callback", "cancelled")
@@ -53,9 +55,14 @@ class Alarm:
         self.callback = callback
         self.cancelled = False
 
-    def cancel(self) -> None:
-        """Make sure the callback will not run (unless it is running already)."""
+    def cancel(self) -> bool:
+        """Make sure the callback will not run (unless it is running already).
+
+        Returns ``True``, so an alarm is a completion registration (see
+        :meth:`~accy_async._loops.Loop.wait`).
+        """
         self.cancelled = True
+        return True
 
 
 class AlarmClock(ABC):
@@ -183,8 +190,8 @@ class TimerfdClock(AlarmClock):
         super().__init__()
         self.timer = Timerfd()
         self._heap: list[tuple[float, int, Alarm]] = []
+        """Pending alarms; the timerfd is armed for the first one's instant."""
         self._sequence = itertools.count()
-        self._armed_for: float | None = None
 
     @property
     def fires_on_loop_thread(self) -> bool:
@@ -194,24 +201,22 @@ class TimerfdClock(AlarmClock):
     def schedule(self, when: float, callback: Callback) -> Alarm:
         """Call ``callback`` on the loop's thread at ``when``."""
         alarm = Alarm(callback)
-        heapq.heappush(self._heap, (when, next(self._sequence), alarm))
-        if self._armed_for is None or when < self._armed_for:
-            self._armed_for = when
+        heap = self._heap
+        if not heap or when < heap[0][0]:
             self.timer.arm(when)
+        heapq.heappush(heap, (when, next(self._sequence), alarm))
         return alarm
 
     def fire_due(self) -> None:
         """The timerfd is readable: run every alarm that is due and re-arm for the next."""
         self.timer.clear()
-        self._armed_for = None
         heap = self._heap
         now = time.perf_counter()
         due: list[Alarm] = []
         while heap and (heap[0][0] <= now or heap[0][2].cancelled):
             due.append(heapq.heappop(heap)[2])
         if heap:  # re-armed first: a failing callback cannot strand the later alarms
-            self._armed_for = heap[0][0]
-            self.timer.arm(self._armed_for)
+            self.timer.arm(heap[0][0])
         for alarm in due:
             if not alarm.cancelled:
                 alarm.callback()

@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Coroutine
-from functools import partial
 from typing import Any, Final
 
 import outcome
 import trio
 
 from ._base import Bridge, Loop, Register, fresh_error
-from ._clock import AlarmClock, TimerfdClock, shared_thread_clock, timerfd_usable
+from ._clock import TimerfdClock
 
 __all__ = ["TrioLoop", "current_trio_loop"]
 
@@ -70,30 +69,18 @@ def _wake(waiter: _Waiter, error: BaseException | None) -> None:
 class TrioLoop(Loop):
     """The library's state for one trio run."""
 
-    __slots__ = ("_bridge", "_clock", "_lot", "_token")
+    __slots__ = ("_bridge", "_lot", "_token")
 
     def __init__(self) -> None:
         super().__init__()
         self._token = trio.lowlevel.current_trio_token()
         self._bridge = _Bridge(self._token)
-        self._clock: AlarmClock | None = None
         self._lot = trio.lowlevel.ParkingLot()
 
-    @property
-    def clock(self) -> AlarmClock:
-        """The run's timerfd clock, served by a system task started on first use."""
-        clock = self._clock
-        if clock is None:
-            if timerfd_usable():
-                with contextlib.suppress(OSError):
-                    timerfd_clock = TimerfdClock()
-                    trio.lowlevel.spawn_system_task(
-                        _serve, timerfd_clock, name="accy_async.alarm_clock"
-                    )
-                    clock = timerfd_clock
-            if clock is None:
-                clock = shared_thread_clock()
-            self._clock = clock
+    def _timerfd_clock(self) -> TimerfdClock:
+        """A timerfd served by a system task of the run (which closes it when the run ends)."""
+        clock = TimerfdClock()
+        trio.lowlevel.spawn_system_task(_serve, clock, name="accy_async.alarm_clock")
         return clock
 
     def checkpoint(self) -> Coroutine[Any, Any, None]:
@@ -129,20 +116,6 @@ class TrioLoop(Loop):
     def wait(self, register: Register) -> Coroutine[Any, Any, None]:
         """Await the callback ``register`` hands to a backend (see :meth:`Loop.wait`)."""
         return _wait(self._bridge, register)
-
-    async def sleep_until(self, when: float) -> None:
-        """Sleep on the run's clock until ``when``."""
-        waiter = _Waiter(self._bridge, trio.lowlevel.current_task())
-        waiter.suspended = True
-        alarm = self.clock.schedule(when, partial(waiter, None))
-
-        def abort(raise_cancel: Any) -> Any:
-            del raise_cancel
-            alarm.cancel()  # a thread clock's late delivery then finds the task not suspended
-            waiter.suspended = False
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 async def _serve(clock: TimerfdClock) -> None:

@@ -181,15 +181,14 @@ class CostModel:
         intercept, slope, _ = best
         if not slope and not self._prefer_local:
             return max(intercept, SMALLEST_COST)
-        line, local = self._predictions(best, arguments)
+        line, local = self._predictions(best, self.features(arguments))
         return local if self._prefer_local and local is not None else line
 
     def _predictions(
-        self, best: tuple[float, float, int], arguments: Any
+        self, best: tuple[float, float, int], features: tuple[float, ...]
     ) -> tuple[float, float | None]:
         """The line's prediction, and the one from the measured points near ``x`` (if any)."""
         intercept, slope, index = best
-        features = self.features(arguments)
         if index >= len(features):
             return max(intercept, SMALLEST_COST), None
         x = features[index]
@@ -232,19 +231,22 @@ class CostModel:
 
         A measurement whose features or duration are not finite is ignored.
         """
-        if not math.isfinite(seconds) or not all(map(math.isfinite, self.features(arguments))):
+        features = self.features(arguments)
+        if not math.isfinite(seconds) or not all(map(math.isfinite, features)):
             return
-        predicted = self.predict(arguments)
-        if predicted is not None:
-            self._judge(arguments, seconds)
-        self._remember(arguments, seconds)
-        if predicted is not None:
+        best = self._best
+        if best is not None:
+            # The prediction as it stood (what predict() gives), then both ways scored.
+            line, local = self._predictions(best, features)
+            predicted = local if self._prefer_local and local is not None else line
+            self._judge(line, local, seconds)
+        self._remember(features, seconds)
+        if best is not None:
             error = abs(predicted - seconds) / max(seconds, SMALLEST_COST)
             self.relative_error += (min(error, 4.0) - self.relative_error) / 4
             self.checked += 1
             if error < ACCURATE and self.samples >= 8 and self.checked % _REFIT_EVERY:
                 return  # nothing new to learn; the fit costs more than the check
-        features = self.features(arguments)
         if len(self._sums) != len(features):  # the first sample (or the arity changed)
             self._sums = [[0.0] * 6 for _ in features]
         weight = 1.0 / max(seconds, 10e-6) ** 2
@@ -260,10 +262,8 @@ class CostModel:
         self.samples += 1
         self._best = self._fit()
 
-    def _judge(self, arguments: Any, seconds: float) -> None:
-        """Score the line and the measured points on this measurement; prefer the better."""
-        assert self._best is not None
-        line, local = self._predictions(self._best, arguments)
+    def _judge(self, line: float, local: float | None, seconds: float) -> None:
+        """Score the line's and the measured points' predictions; prefer the better."""
         actual = max(seconds, SMALLEST_COST)
         self._line_error += (min(abs(line - seconds) / actual, 4.0) - self._line_error) / 8
         if local is not None:
@@ -271,9 +271,8 @@ class CostModel:
             self._local_error += (error - self._local_error) / 8
         self._prefer_local = self._local_error < 0.8 * self._line_error
 
-    def _remember(self, arguments: Any, seconds: float) -> None:
-        """Move the measured point of ``arguments``' quarter octave toward this measurement."""
-        features = self.features(arguments)
+    def _remember(self, features: tuple[float, ...], seconds: float) -> None:
+        """Move the measured point of each feature's quarter octave toward this measurement."""
         local = self._local
         if len(local) >= _LOCAL_AT_MOST:
             local.clear()

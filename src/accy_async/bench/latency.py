@@ -14,7 +14,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from ..backends.cuda_driver import driver
-from .rig import Rig, ok
+from .rig import Rig, ok, run_on
 
 __all__ = ["Heartbeat", "run_latency"]
 
@@ -222,6 +222,4 @@ def run_latency(rig: Rig, library: str, spin_ns: int, trials: int) -> dict[str, 
         driver().cuCtxSetCurrent(rig.context)
         return await latency_rows(rig, spin_ns, trials, library)
 
-    if library == "uvloop":
-        return anyio.run(body, backend="asyncio", backend_options={"use_uvloop": True})
-    return anyio.run(body, backend=library)
+    return run_on(library, body)

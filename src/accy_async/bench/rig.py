@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
 
 from ..backends.cuda_driver import driver, initialised_driver
 
-__all__ = ["BATCH", "KERNELS", "Rig", "ok"]
+__all__ = ["BATCH", "KERNELS", "Rig", "ok", "run_on"]
+
+T = TypeVar("T")
 
 KERNELS = r"""
 extern "C" __global__ void empty(float* out, const float* in, unsigned n) {}
@@ -41,6 +46,13 @@ def ok(result: Any, action: str) -> Any:
     if isinstance(result, tuple) and len(result) == 2:
         return result[1]
     return None
+
+
+def run_on(library: str, function: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``function(*args)`` on a fresh event loop of ``library`` (uvloop is asyncio's)."""
+    if library == "uvloop":
+        return anyio.run(function, *args, backend="asyncio", backend_options={"use_uvloop": True})
+    return anyio.run(function, *args, backend=library)
 
 
 class Rig:

@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar
@@ -47,7 +47,7 @@ from ..backends.cuda_driver import driver
 from ..plan import U32, U64, ArtifactFormat, ArtifactSpec, TextPayload
 from .latency import Heartbeat
 from .provenance import describe_run, git_revision
-from .rig import Rig, ok
+from .rig import Rig, ok, run_on
 
 if TYPE_CHECKING:
     from ..backends.base import (
@@ -340,10 +340,7 @@ COMPLETION_WORKLOADS: Final = (
 
 def quick_workloads(workloads: Sequence[CompletionWorkload]) -> tuple[CompletionWorkload, ...]:
     """The same workloads with a fifth of the trials (at least 10), for smoke runs."""
-    return tuple(
-        CompletionWorkload(w.name, max(w.trials // 5, 10), w.draw, w.fresh_stream, w.hidden_length)
-        for w in workloads
-    )
+    return tuple(replace(w, trials=max(w.trials // 5, 10)) for w in workloads)
 
 
 def trial_lengths(workload: CompletionWorkload) -> list[tuple[int, ...]]:
@@ -453,13 +450,6 @@ async def _load_spin_stamp(backend: Backend, *, hidden: bool = False) -> LoadedA
         scalar_argument_count=1,
     )
     return await backend.load_artifact(await backend.create_artifact(spec))
-
-
-def run_on(library: str, function: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``function(*args)`` on a fresh event loop of ``library`` (uvloop is asyncio's)."""
-    if library == "uvloop":
-        return anyio.run(function, *args, backend="asyncio", backend_options={"use_uvloop": True})
-    return anyio.run(function, *args, backend=library)
 
 
 async def _guarded(

@@ -33,9 +33,25 @@ from ..plan import (
 )
 from . import prefix_sum, reduce_sum, saxpy
 
-__all__ = ["DEFAULT_TUNING_N", "tuning_document"]
+__all__ = ["BUILTIN_TARGETS", "DEFAULT_TUNING_N", "problem_name", "tuning_document"]
 
 DEFAULT_TUNING_N: Final = 1 << 24
+
+
+def problem_name(kernel: str, dtype: DType) -> str:
+    """The name of a built-in tuning problem: ``block_scan.f32``, ``prefix_sum.f32``..."""
+    return f"{kernel}.{dtype.value}"
+
+
+BUILTIN_TARGETS: Final = {
+    "prefix_sum_f32": (
+        problem_name("block_scan", DType.F32),
+        problem_name("prefix_sum", DType.F32),
+    ),
+    "saxpy_f32": (problem_name("saxpy", DType.F32),),
+    "sum_f32": (problem_name("partial_sum", DType.F32),),
+}
+"""Built-in plan names ``accy-async tune`` takes, and the built-in tuning problems of each."""
 _BLOCKS: Final = (128, 256, 512, 1024)
 
 
@@ -95,7 +111,7 @@ def tuning_document(
     a = scalar("f32" if dtype is DType.F32 else "f64", 2.0)
     kernels = (
         KernelTuningProblem(
-            name=f"saxpy.{dtype.value}",
+            name=problem_name("saxpy", dtype),
             artifact=saxpy_entry.artifact_spec(),
             candidates=_candidates(_BLOCKS, (1, 2, 4)),
             buffers=(
@@ -106,7 +122,7 @@ def tuning_document(
             scalars=(count, a),
         ),
         KernelTuningProblem(
-            name=f"partial_sum.{dtype.value}",
+            name=problem_name("partial_sum", dtype),
             artifact=sum_spec,
             candidates=_candidates(_BLOCKS, (2, 4, 8)),
             buffers=(
@@ -116,7 +132,7 @@ def tuning_document(
             scalars=(count,),
         ),
         KernelTuningProblem(
-            name=f"block_scan.{dtype.value}",
+            name=problem_name("block_scan", dtype),
             artifact=scan_entry.artifact_spec(),
             candidates=_candidates(
                 (64, *_BLOCKS), (1,), ((), ("--maxrregcount=32",)) if cuda else ((),)
@@ -131,7 +147,7 @@ def tuning_document(
     )
     pipelines = (
         PipelineTuningProblem(
-            name=f"prefix_sum.{dtype.value}",
+            name=problem_name("prefix_sum", dtype),
             candidates=tuple(prefix_sum(dtype, block) for block in _BLOCKS),
             runtime_scalar_arguments=(count,),
         ),
