@@ -30,7 +30,7 @@ from typing import Any
 from accy_async import waiting
 from accy_async._loops import _base
 from accy_async.bench import workload
-from accy_async.bench.rig import Rig
+from accy_async.bench.rig import Rig, run_on
 
 
 @contextmanager
@@ -78,7 +78,7 @@ def variation(
     stacks: dict[str, int] = {}
     max_n = workload.service_max_n(small.high, 64)
     with timed_callbacks(record, stacks):
-        section = workload.run_on(
+        section = run_on(
             "asyncio", workload._accy_service_rows, rig, "asyncio", [small], [64], max_n
         )
     row = next(iter(section[small.name].values()))
@@ -114,7 +114,7 @@ def profile_waits(rig: Rig, policy: str) -> list[str]:
         finally:
             profiler.disable()
 
-    workload.run_on("asyncio", body)
+    run_on("asyncio", body)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
     return out.getvalue().splitlines()
