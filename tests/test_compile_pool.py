@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 import accy_async as accy
-from accy_async.backends.compile_pool import CompilePool, read_frame, write_frame
+from accy_async.backends.compile_pool import CompileLimits, CompilePool, read_frame, write_frame
 from accy_async.backends.nvrtc_worker import serve
 
 from .conftest import needs_gpu
@@ -95,3 +95,35 @@ async def test_parallel_compilation_on_the_gpu_loads_kernels_that_run() -> None:
         with pytest.raises(accy.CompilationError, match="undefined_name"):
             await backend.create_artifact(bad)
         backend.destroy_all([loaded, out])
+
+
+BOMB = """
+template <int N, long K> struct Bomb {
+    static constexpr long v = Bomb<N - 1, 2 * K>::v + Bomb<N - 1, 2 * K + 1>::v;
+};
+template <long K> struct Bomb<0, K> { static constexpr long v = K; };
+extern "C" __global__ void k(long* out) { out[0] = Bomb<26, 1>::v; }
+"""
+"""A source whose templates instantiate 2**26 types: minutes and gigabytes to compile."""
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (CompileLimits(cpu_seconds=1.5, wall_seconds=60), "CPU-time limit of 1.5 s"),
+        (CompileLimits(cpu_seconds=60, wall_seconds=1.5), "wall-clock limit of 1.5 s"),
+    ],
+)
+async def test_a_compile_bomb_is_stopped_at_its_limit_and_the_pool_goes_on(
+    limits: CompileLimits, message: str
+) -> None:
+    if not nvrtc_present():
+        pytest.skip("no NVRTC here")
+    pool = CompilePool(1, limits)
+    try:
+        with pytest.raises(accy.CompilationError, match=message):
+            await pool.compile(BOMB, "k", (), (9, 0))
+        image = await pool.compile(GOOD, "k", (f"-DAFTER_{limits.cpu_seconds:.0f}=1",), (9, 0))
+        assert image.image
+    finally:
+        pool.close()

@@ -43,6 +43,7 @@ from .errors import (
     PlanError,
     RuntimeUnavailable,
     UnsupportedOperation,
+    UntrustedKernel,
 )
 from .graph import GraphRun, launch_all, launch_graph
 from .kernels import (
@@ -80,6 +81,7 @@ from .plan import (
     RegistryEntry,
     ScalarArgument,
 )
+from .trust import TrustPolicy
 from .waiting import synchronize, wait_event, wait_read, wait_stream
 
 __version__ = "0.1.0"
@@ -133,7 +135,9 @@ __all__ = [
     "ScalarArgument",
     "SlotBinding",
     "StreamHandle",
+    "TrustPolicy",
     "UnsupportedOperation",
+    "UntrustedKernel",
     "WaitPolicy",
     "__version__",
     "allocate_pipeline_intermediates",

@@ -29,7 +29,14 @@ from .backends.base import Limits
 from .backends.cpu_kernels import lookup_cpu_kernel
 from .buffers import download, upload
 from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_int
-from .errors import AccyError, InvalidArtifact, LimitExceeded, OutOfDeviceMemory
+from .cli_trust import (
+    add_digests_parser,
+    add_trust_arguments,
+    digests,
+    explain_untrusted,
+    trust_policy_from,
+)
+from .errors import AccyError, InvalidArtifact, LimitExceeded, OutOfDeviceMemory, UntrustedKernel
 from .pipeline import (
     PipelineLaunch,
     allocate_pipeline_intermediates,
@@ -52,6 +59,7 @@ from .plan import (
     resolve_quantity,
     scalar,
 )
+from .trust import TrustPolicy
 from .tune_command import add_tune_parser, tune
 from .waiting import wait_stream
 
@@ -275,7 +283,6 @@ def output_folder(requested: str | None) -> Path:
 
 
 async def run(args: argparse.Namespace) -> int:
-    progress = Progress(sys.stderr, quiet=args.quiet)
     document = load_document(args.plan)
     if not isinstance(document, PipelineDocument):
         raise AccyError("`run` takes pipeline plans; this file holds a launch graph")
@@ -313,7 +320,25 @@ async def run(args: argparse.Namespace) -> int:
     if folder.exists() and not folder.is_dir():
         raise AccyError(f"--out {folder}: not a folder", path="--out")
     out = anyio.Path(folder)
+    policy = trust_policy_from(args)
+    try:
+        return await _run_on_backend(args, document, scalars, inputs, sources, out, policy)
+    except UntrustedKernel as error:
+        raise explain_untrusted(error, args.plan) from None
+
+
+async def _run_on_backend(
+    args: argparse.Namespace,
+    document: PipelineDocument,
+    scalars: tuple[ScalarArgument, ...],
+    inputs: list[Any],
+    sources: dict[str, str],
+    out: anyio.Path,
+    policy: TrustPolicy | None,
+) -> int:
+    progress = Progress(sys.stderr, quiet=args.quiet)
     async with open_backend(args.backend) as backend:
+        backend.trust_policy = policy
         fmt = choose_format(backend, document)
         progress.step(f"{backend.kind} backend ({backend.name}), {fmt.value} kernels")
         operands = [upload(backend, values) for values in inputs]
@@ -513,6 +538,7 @@ def parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
     run_cmd.add_argument("--seed", type=int, default=0, help="seed of generated operands")
     run_cmd.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_trust_arguments(run_cmd)
 
     validate_cmd = commands.add_parser("validate", help="check plan files, listing every error")
     validate_cmd.add_argument(
@@ -523,6 +549,7 @@ def parser() -> argparse.ArgumentParser:
     schema_cmd.add_argument("--output", help="write it to this file instead")
 
     add_tune_parser(commands)
+    add_digests_parser(commands)
 
     commands.add_parser(
         "bench",
@@ -580,6 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tune": lambda: anyio.run(tune, args),
         "validate": lambda: validate(args),
         "schema": lambda: schema(args),
+        "digests": lambda: digests(args, load_document),
     }
     return _report(commands[args.command])
 

@@ -42,6 +42,7 @@ __all__ = [
     "PlanError",
     "RuntimeUnavailable",
     "UnsupportedOperation",
+    "UntrustedKernel",
 ]
 
 
@@ -90,6 +91,10 @@ class CompilationError(InvalidArtifact):
     def __init__(self, message: str, *, log: str = "", path: str | None = None) -> None:
         super().__init__(message if not log else f"{message}\n{log}", path=path)
         self.log = log
+
+
+class UntrustedKernel(InvalidArtifact):
+    """A CUDA kernel whose digest the backend's trust policy does not list (see ``trust``)."""
 
 
 class LaunchArgumentMismatch(AccyError):

@@ -21,10 +21,12 @@ import msgspec
 
 from .backends import open_backend
 from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_float, positive_int
-from .errors import AccyError
+from .cli_trust import add_trust_arguments, explain_untrusted, trust_policy_from
+from .errors import AccyError, UntrustedKernel
 from .library import DEFAULT_TUNING_N, tuning_document
 from .library.tuning import BUILTIN_TARGETS
 from .plan import ArtifactFormat, TuningDocument, decode_json
+from .trust import TrustPolicy
 from .tuning import Tuner, TuningProblem, TuningProgress, TuningResult, TuningSettings
 
 __all__ = ["add_tune_parser", "default_cache_path", "tune"]
@@ -66,6 +68,7 @@ def add_tune_parser(commands: Any) -> None:
     command.add_argument("--all", action="store_true", help="a row per candidate")
     command.add_argument("--json", action="store_true", help="print the results as JSON")
     command.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_trust_arguments(command)
 
 
 class ProgressBar:
@@ -172,7 +175,18 @@ def _selected(problems: list[TuningProblem], name: str | None) -> list[TuningPro
 async def tune(args: argparse.Namespace) -> int:
     """Run ``accy-async tune``; 0 when every problem has a winner."""
     plan_file = _plan_file(args.plan)
+    policy = trust_policy_from(args)
+    try:
+        return await _tune_on_backend(args, plan_file, policy)
+    except UntrustedKernel as error:
+        raise explain_untrusted(error, args.plan or "the tuning plan") from None
+
+
+async def _tune_on_backend(
+    args: argparse.Namespace, plan_file: Path | None, policy: TrustPolicy | None
+) -> int:
     async with open_backend(args.backend) as backend:
+        backend.trust_policy = policy
         if plan_file is not None:
             document = decode_json(await anyio.Path(plan_file).read_bytes(), TuningDocument)
         else:

@@ -42,6 +42,7 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
+from ..trust import TrustPolicy
 from ._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
 from .forecast import Anticipation
 
@@ -448,6 +449,12 @@ class Backend(abc.ABC):
         self.backend_id = next(_backend_ids)
         self.limits = limits or Limits()
         self.wait_policy = wait_policy
+        self.trust_policy: TrustPolicy | None = None
+        """CUDA kernels this backend may compile and load (``None``: whatever it is given).
+
+        Set it before accepting plans from others: :meth:`create_artifact`
+        then refuses any CUDA payload the policy does not list
+        (:class:`~accy_async.errors.UntrustedKernel`). See :mod:`accy_async.trust`."""
         self._ids = itertools.count(1)
         self._live: dict[int, DeviceObject] = {}
         self._live_bytes = 0
@@ -686,6 +693,8 @@ class Backend(abc.ABC):
                 f"{self.kind} backend cannot create {spec.format.value!r} artifacts "
                 f"(it takes {sorted(f.value for f in self.formats)})"
             )
+        if self.trust_policy is not None:
+            self.trust_policy.check(spec)
         return await self._create_artifact(spec)
 
     async def load_artifact(self, artifact: KernelArtifact) -> LoadedArtifact:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Sequence
 from typing import Annotated, Final, TypeAlias
 
 import msgspec
@@ -69,6 +71,38 @@ CompileOption = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 Feature = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
+_SAFE_OPTIONS: Final = re.compile(
+    r"-D[A-Za-z_][A-Za-z0-9_]*(=[^\x00-\x1f]*)?"
+    r"|-U[A-Za-z_][A-Za-z0-9_]*"
+    r"|--?(use_fast_math|lineinfo|generate-line-info|restrict|extra-device-vectorization"
+    r"|default-device|device-as-default-execution-space|disable-warnings|device-debug)"
+    r"|-[Gw]"
+    r"|--?std=c\+\+(11|14|17|20|03)"
+    r"|--?(ftz|prec-div|prec-sqrt|fmad)=(true|false)"
+    r"|--?maxrregcount=[0-9]{1,3}"
+    r"|--?dopt=(on|off)"
+    r"|-O[0-3]"
+    r"|-Ofast-compile=(max|mid|min|0)"
+)
+"""Compile options a plan may carry: macros and code-generation switches. Nothing that names
+a host path (include paths, pre-includes), and no ``-arch`` (the backend picks it)."""
+
+
+def check_compile_options(options: Sequence[str], *prefix: str | int) -> None:
+    """Refuse a compile option outside the allowlist, naming it (see ``docs/security.md``)."""
+    for index, option in enumerate(options):
+        if not _SAFE_OPTIONS.fullmatch(option):
+            raise plan_error(
+                f"compile option {option!r} is not allowed in a plan: plans may define and "
+                "undefine macros and switch code generation (-D, -U, --use_fast_math, "
+                "-lineinfo, --std=, --ftz=, --fmad=, --maxrregcount=, -O0..3, ...); include "
+                "paths and options that read host files are refused",
+                *prefix,
+                "compile_options",
+                index,
+            )
+
+
 def check_payload(format: ArtifactFormat, payload: Payload, *prefix: str | int) -> None:
     """Refuse a payload whose kind does not fit ``format`` (text for PTX, say)."""
     expected = _PAYLOAD_FOR_FORMAT[format]
@@ -106,6 +140,7 @@ class ArtifactSpec(Base, frozen=True):
                 "scalar_argument_count",
             )
         check_payload(self.format, self.payload)
+        check_compile_options(self.compile_options)
 
     @property
     def buffer_argument_count(self) -> int:
@@ -140,6 +175,7 @@ class RegistryEntry(Base, frozen=True):
                 "runtime_scalar_argument_count",
             )
         check_payload(self.format, self.payload)
+        check_compile_options(self.compile_options)
 
     @property
     def scalar_argument_count(self) -> int:

@@ -17,7 +17,7 @@ import msgspec
 
 from ._base import Base, Name, plan_error
 from .geometry import KernelCallLaunch
-from .registry import ArtifactSpec, CompileOption
+from .registry import ArtifactSpec, CompileOption, check_compile_options
 from .scalars import DType, ScalarArgument
 
 __all__ = [
@@ -43,6 +43,9 @@ class TuningCandidate(Base, frozen=True):
     launch: KernelCallLaunch
     compile_options: tuple[CompileOption, ...] = ()
     label: Annotated[str, msgspec.Meta(max_length=256)] = ""
+
+    def __post_init__(self) -> None:
+        check_compile_options(self.compile_options)
 
 
 class TuningBuffer(Base, frozen=True):

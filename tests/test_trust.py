@@ -1,0 +1,201 @@
+"""Trusting plans: CUDA payloads by digest, compile options by allowlist, the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import accy_async as accy
+from accy_async import cli, library
+from accy_async import plan as p
+from accy_async.pipeline import load_pipeline_artifacts
+from accy_async.trust import (
+    TrustPolicy,
+    builtin_digests,
+    kernel_digest,
+    read_trust_file,
+    registry_digests,
+)
+
+from .conftest import needs_gpu
+
+CUDA = p.ArtifactFormat.CUDA_SOURCE
+
+
+def changed_document() -> p.PipelineDocument:
+    """The built-in f32 prefix sum with one more line in each CUDA source: not trusted."""
+    document = library.load_builtin("prefix_sum_f32")
+    entries = tuple(
+        msgspec.structs.replace(entry, payload=p.TextPayload(entry.payload.text + "\n// mine\n"))
+        if isinstance(entry.payload, p.TextPayload)
+        else entry
+        for entry in document.registry.entries
+    )
+    return msgspec.structs.replace(document, registry=p.KernelCallRegistry(entries=entries))
+
+
+def test_digests_cover_format_name_and_payload_not_options() -> None:
+    entry = next(e for e in library.load_builtin("saxpy_f32").registry.entries if e.format is CUDA)
+    spec = entry.artifact_spec()
+    digest = kernel_digest(spec)
+    assert digest is not None and digest.startswith("sha256:") and len(digest) == 71
+    assert kernel_digest(msgspec.structs.replace(spec, compile_options=("-DX=1",))) == digest
+    renamed = msgspec.structs.replace(spec, kernel_name="other")
+    assert kernel_digest(renamed) != digest
+    cpu_entry = next(
+        e
+        for e in library.load_builtin("saxpy_f32").registry.entries
+        if e.format is p.ArtifactFormat.CPU
+    )
+    assert kernel_digest(cpu_entry.artifact_spec()) is None
+
+
+def test_the_builtin_policy_trusts_every_shipped_kernel_and_no_other() -> None:
+    policy = TrustPolicy.builtin()
+    for name in library.BUILTIN_PLANS:
+        policy.check_registry(library.load_builtin(name).registry)
+    changed = changed_document()
+    with pytest.raises(accy.UntrustedKernel, match="is not trusted") as caught:
+        policy.check_registry(changed.registry)
+    assert caught.value.path == "$.registry.entries[1]"
+    trusted = policy.extended(digest for _, digest in registry_digests(changed.registry))
+    trusted.check_registry(changed.registry)
+    assert len(builtin_digests()) >= 5
+
+
+async def test_a_backend_with_a_policy_refuses_untrusted_kernels_before_creating_them(
+    recording: accy.RecordingBackend,
+) -> None:
+    changed = changed_document()
+    recording.trust_policy = TrustPolicy.builtin()
+    before = dict(recording.live_objects())
+    with pytest.raises(accy.UntrustedKernel):
+        await load_pipeline_artifacts(recording, changed.pipeline, changed.registry, CUDA)
+    assert dict(recording.live_objects()) == before
+    builtin = library.load_builtin("prefix_sum_f32")
+    async with await load_pipeline_artifacts(recording, builtin.pipeline, builtin.registry, CUDA):
+        pass
+    recording.trust_policy = recording.trust_policy.extended(
+        digest for _, digest in registry_digests(changed.registry)
+    )
+    async with await load_pipeline_artifacts(recording, changed.pipeline, changed.registry, CUDA):
+        pass
+    # CPU kernels are named, never shipped: always allowed.
+    recording.trust_policy = TrustPolicy()
+    saxpy = library.load_builtin("saxpy_f32")
+    cpu_spec = next(e for e in saxpy.registry.entries if e.format is p.ArtifactFormat.CPU)
+    assert recording.trust_policy.allows(cpu_spec.artifact_spec())
+
+
+def test_trust_files_hold_digests_and_comments(tmp_path: Path) -> None:
+    digest = next(iter(builtin_digests()))
+    good = tmp_path / "trusted"
+    good.write_text(f"# my kernels\n\n{digest}  prefix_sum  # from digests\n")
+    assert read_trust_file(good) == {digest}
+    bad = tmp_path / "bad"
+    bad.write_text(f"{digest}\nsha256:1234\n")
+    with pytest.raises(ValueError, match=r"bad:2: 'sha256:1234' is not a sha256"):
+        read_trust_file(bad)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "-I/etc",
+        "--include-path=/etc",
+        "-include",
+        "--pre-include=/etc/passwd",
+        "-arch=sm_90",
+        "--gpu-architecture=compute_90",
+        "-DX=1\n#include </etc/passwd>",
+        "--dopt=maybe",
+        "-O9",
+    ],
+)
+def test_compile_options_that_could_read_the_host_are_refused(option: str) -> None:
+    entry = library.load_builtin("saxpy_f32").registry.entries[0]
+    with pytest.raises(accy.PlanError, match="is not allowed in a plan") as caught:
+        msgspec.structs.replace(entry, compile_options=("-DOK=1", option))
+    assert caught.value.path is not None and caught.value.path.endswith("compile_options[1]")
+    with pytest.raises(accy.PlanError, match="is not allowed in a plan"):
+        p.TuningCandidate(
+            launch=p.FixedLaunch(geometry=p.LaunchGeometry(grid=(1, 1, 1), block=(1, 1, 1))),
+            compile_options=(option,),
+        )
+
+
+def test_ordinary_compile_options_are_allowed() -> None:
+    entry = library.load_builtin("saxpy_f32").registry.entries[0]
+    options = (
+        "-DACCY_T=float",
+        "-DFLAG",
+        "-UNDEBUG",
+        "--use_fast_math",
+        "-lineinfo",
+        "--std=c++17",
+        "-ftz=true",
+        "--fmad=false",
+        "--maxrregcount=32",
+        "-O3",
+        "--restrict",
+        "-G",
+    )
+    assert msgspec.structs.replace(entry, compile_options=options).compile_options == options
+
+
+def test_a_plan_file_with_a_bad_option_is_refused_with_its_path(tmp_path: Path) -> None:
+    document = json.loads(p.encode_json(library.load_builtin("saxpy_f32")))
+    document["registry"]["entries"][1]["compile_options"] = ["-I/home"]
+    with pytest.raises(accy.PlanError, match="-I/home") as caught:
+        p.decode_json(json.dumps(document).encode(), p.PipelineDocument)
+    assert "registry.entries[1]" in (caught.value.path or "")
+
+
+def test_the_command_line_prints_digests_and_reads_trust_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    changed = tmp_path / "changed.json"
+    changed.write_bytes(p.encode_json(changed_document()))
+    assert cli.main(["digests", "prefix_sum_f32", str(changed)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6
+    assert all(line.startswith("sha256:") for line in lines)
+    assert f"{changed}  $.registry.entries[1]" in lines[3]
+    bad = tmp_path / "bad"
+    bad.write_text("not-a-digest\n")
+    status = cli.main(
+        ["run", str(changed), "--backend", "cpu", "--scalar", "n=8", "--quiet",
+         "--out", str(tmp_path / "o"), "--trust-file", str(bad)]
+    )  # fmt: skip
+    assert status == 2
+    assert "not a sha256" in capsys.readouterr().err
+    # On the CPU backend a plan's CUDA kernels are never compiled: nothing to refuse.
+    status = cli.main(
+        ["run", str(changed), "--backend", "cpu", "--scalar", "n=8", "--quiet",
+         "--out", str(tmp_path / "o")]
+    )  # fmt: skip
+    assert status == 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_the_command_line_compiles_untrusted_cuda_only_with_trust(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    changed = tmp_path / "changed.json"
+    changed.write_bytes(p.encode_json(changed_document()))
+    common = ["run", str(changed), "--backend", "cuda", "--scalar", "n=1000", "--quiet"]
+    assert cli.main([*common, "--out", str(tmp_path / "a")]) == 2
+    error = capsys.readouterr().err
+    assert "UntrustedKernel" in error and "--trust" in error and "digests" in error
+    assert not (tmp_path / "a").exists()
+    trust_file = tmp_path / "trusted"
+    digests = [digest for _, digest in registry_digests(changed_document().registry)]
+    trust_file.write_text("\n".join(digests) + "\n")
+    assert cli.main([*common, "--out", str(tmp_path / "b"), "--trust-file", str(trust_file)]) == 0
+    assert cli.main([*common, "--out", str(tmp_path / "c"), "--trust"]) == 0
+    assert cli.main(["run", "prefix_sum_f32", "--backend", "cuda", "--scalar", "n=1000",
+                     "--quiet", "--out", str(tmp_path / "d")]) == 0  # fmt: skip
