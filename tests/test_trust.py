@@ -15,6 +15,7 @@ from accy_async.pipeline import load_pipeline_artifacts
 from accy_async.trust import (
     TrustPolicy,
     builtin_digests,
+    document_digests,
     kernel_digest,
     read_trust_file,
     registry_digests,
@@ -37,14 +38,28 @@ def changed_document() -> p.PipelineDocument:
     return msgspec.structs.replace(document, registry=p.KernelCallRegistry(entries=entries))
 
 
-def test_digests_cover_format_name_and_payload_not_options() -> None:
+def test_digests_cover_what_runs_and_how_it_is_called() -> None:
     entry = next(e for e in library.load_builtin("saxpy_f32").registry.entries if e.format is CUDA)
     spec = entry.artifact_spec()
     digest = kernel_digest(spec)
     assert digest is not None and digest.startswith("sha256:") and len(digest) == 71
-    assert kernel_digest(msgspec.structs.replace(spec, compile_options=("-DX=1",))) == digest
-    renamed = msgspec.structs.replace(spec, kernel_name="other")
-    assert kernel_digest(renamed) != digest
+    assert kernel_digest(spec) == digest
+    for changed in (
+        msgspec.structs.replace(spec, kernel_name="other"),
+        msgspec.structs.replace(spec, compile_options=(*spec.compile_options, "-DX=1")),
+        # A macro named like the kernel rewrites it: another kernel, whatever the source.
+        msgspec.structs.replace(
+            spec,
+            compile_options=(
+                "-Dsaxpy=saxpy(unsigned long long a, unsigned long long v)"
+                "{*(unsigned long long*)a = v;} __device__ void decoy",
+            ),
+        ),
+        # A scalar where a buffer goes would be an address of the plan's choosing.
+        msgspec.structs.replace(spec, scalar_argument_count=spec.argument_count),
+    ):
+        assert kernel_digest(changed) != digest
+        assert not TrustPolicy.builtin().allows(changed)
     cpu_entry = next(
         e
         for e in library.load_builtin("saxpy_f32").registry.entries
@@ -90,6 +105,38 @@ async def test_a_backend_with_a_policy_refuses_untrusted_kernels_before_creating
     assert recording.trust_policy.allows(cpu_spec.artifact_spec())
 
 
+def test_every_candidate_of_the_builtin_tuning_is_trusted() -> None:
+    from accy_async.library.tuning import tuning_document
+
+    trusted = builtin_digests()
+    for dtype in (p.DType.F32, p.DType.F64):
+        rows = document_digests(tuning_document(CUDA, 4096, dtype))
+        assert rows
+        assert all(digest in trusted for digest, _, _ in rows)
+
+
+async def test_tuning_an_untrusted_kernel_is_refused_not_recorded_as_failed(
+    recording: accy.RecordingBackend,
+) -> None:
+    from accy_async.library.tuning import tuning_document
+    from accy_async.tuning import Tuner
+
+    document = tuning_document(CUDA, 4096)
+    problem = document.kernels[0]
+    artifact = problem.artifact
+    assert isinstance(artifact.payload, p.TextPayload)
+    tampered = msgspec.structs.replace(
+        problem,
+        artifact=msgspec.structs.replace(
+            artifact, payload=p.TextPayload(artifact.payload.text + "\n// mine\n")
+        ),
+    )
+    recording.trust_policy = TrustPolicy.builtin()
+    async with Tuner(recording) as tuner:
+        with pytest.raises(accy.UntrustedKernel, match="not trusted"):
+            await tuner.tune(tampered)
+
+
 def test_trust_files_hold_digests_and_comments(tmp_path: Path) -> None:
     digest = next(iter(builtin_digests()))
     good = tmp_path / "trusted"
@@ -99,6 +146,10 @@ def test_trust_files_hold_digests_and_comments(tmp_path: Path) -> None:
     bad.write_text(f"{digest}\nsha256:1234\n")
     with pytest.raises(ValueError, match=r"bad:2: 'sha256:1234' is not a sha256"):
         read_trust_file(bad)
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match="binary: not a text file"):
+        read_trust_file(binary)
 
 
 @pytest.mark.parametrize(
@@ -164,6 +215,14 @@ def test_the_command_line_prints_digests_and_reads_trust_files(
     assert len(lines) == 6
     assert all(line.startswith("sha256:") for line in lines)
     assert f"{changed}  $.registry.entries[1]" in lines[3]
+    tuning = tmp_path / "tuning.json"
+    from accy_async.library.tuning import tuning_document
+
+    tuning.write_bytes(p.encode_json(tuning_document(CUDA, 4096)))
+    assert cli.main(["digests", str(tuning)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert any("$.kernels[0].candidates[0]" in row for row in rows)
+    assert all(row.split()[0] in builtin_digests() for row in rows)
     bad = tmp_path / "bad"
     bad.write_text("not-a-digest\n")
     status = cli.main(

@@ -337,7 +337,8 @@ async def _run_on_backend(
     policy: TrustPolicy | None,
 ) -> int:
     progress = Progress(sys.stderr, quiet=args.quiet)
-    async with open_backend(args.backend) as backend:
+    async with open_backend(args.backend) as backend, backend.parallel_compilation(1):
+        # Compiled in a worker process, under the compile limits (docs/security.md).
         backend.trust_policy = policy
         fmt = choose_format(backend, document)
         progress.step(f"{backend.kind} backend ({backend.name}), {fmt.value} kernels")

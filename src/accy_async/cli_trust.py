@@ -2,9 +2,9 @@
 
 A plan file from elsewhere carries its CUDA kernels as code. The commands
 compile only the library's own kernels and those whose digests are in the
-user's trust file (``$ACCY_TRUST_FILE``, else
-``~/.config/accy-async/trusted-kernels``, else ``--trust-file``), unless
-``--trust`` says the plan's source is trusted. ``accy-async digests PLAN``
+user's trust file (``--trust-file``, else ``$ACCY_TRUST_FILE``, else
+``~/.config/accy-async/trusted-kernels``), unless ``--trust`` says the
+plan's source is trusted. ``accy-async digests PLAN``
 prints the digests to put in a trust file. See ``docs/security.md``.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AccyError, UntrustedKernel
-from .trust import TrustPolicy, read_trust_file, registry_digests
+from .trust import TrustPolicy, document_digests, read_trust_file
 
 __all__ = [
     "DEFAULT_TRUST_FILE",
@@ -59,7 +59,7 @@ def trust_policy_from(args: argparse.Namespace) -> TrustPolicy | None:
     try:
         return TrustPolicy.builtin(read_trust_file(path))
     except OSError as exc:
-        raise AccyError(f"cannot read the trust file {path}: {exc.strerror}") from exc
+        raise AccyError(f"cannot read the trust file {path}: {exc.strerror or exc}") from exc
     except ValueError as exc:
         raise AccyError(f"trust file: {exc}") from exc
 
@@ -92,20 +92,8 @@ def add_digests_parser(commands: Any) -> None:
 
 
 def digests(args: argparse.Namespace, load: Any) -> int:
-    """Print ``digest  plan  path  target (format)`` for each CUDA kernel of each plan."""
-    from .plan import PipelineDocument
-
+    """Print ``digest  plan  path  what`` for each CUDA kernel each plan can compile."""
     for reference in args.plans:
-        document = load(reference)
-        registry = (
-            document.registry
-            if isinstance(document, PipelineDocument)
-            else document.artifact_plan.registry
-        )
-        for index, digest in registry_digests(registry):
-            entry = registry.entries[index]
-            print(
-                f"{digest}  {reference}  $.registry.entries[{index}]  "
-                f"{entry.target} ({entry.format.value})"
-            )
+        for digest, path, what in document_digests(load(reference)):
+            print(f"{digest}  {reference}  {path}  {what}")
     return 0

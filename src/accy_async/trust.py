@@ -10,10 +10,12 @@ payload it does not list, with :class:`UntrustedKernel`, before anything is
 compiled or loaded. Without a policy a backend runs what the application
 hands it: the application is then the one that decides.
 
-The digest covers the format, the kernel's name and the payload's bytes, not
-the compile options (which :mod:`accy_async.plan` limits to options that
-read nothing from the host), so the tuning candidates of a trusted kernel
-stay trusted. ``docs/security.md`` has the whole model.
+The digest covers the format, the kernel's name, the payload's bytes, the
+compile options and the argument layout (see :func:`kernel_digest`): a
+trusted kernel compiled with other macros, or called with a scalar where a
+buffer goes, is another kernel. The library's own kernels, with every
+option its tuning tries, are :func:`builtin_digests`. ``docs/security.md``
+has the whole model.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .plan import ArtifactFormat, ArtifactSpec, BinaryPayload, KernelCallRegistr
 __all__ = [
     "TrustPolicy",
     "builtin_digests",
+    "document_digests",
     "kernel_digest",
     "read_trust_file",
     "registry_digests",
@@ -40,7 +43,14 @@ _PREFIX = "sha256:"
 
 
 def kernel_digest(spec: ArtifactSpec) -> str | None:
-    """The content digest of a CUDA kernel (``sha256:<hex>``); ``None`` for a CPU kernel."""
+    """The content digest of a CUDA kernel (``sha256:<hex>``); ``None`` for a CPU kernel.
+
+    It covers everything that decides what runs and how it is called: the
+    format, the kernel's name, the payload, the compile options (a macro can
+    rewrite the source) and the argument layout (how many buffers, how many
+    scalars: a scalar in a pointer's place would be an address of the plan's
+    choosing).
+    """
     payload = spec.payload
     if isinstance(payload, TextPayload):
         data = payload.text.encode()
@@ -48,8 +58,17 @@ def kernel_digest(spec: ArtifactSpec) -> str | None:
         data = payload.data
     else:
         return None
+    parts = [
+        spec.format.value.encode(),
+        spec.kernel_name.encode(),
+        data,
+        str(spec.argument_count).encode(),
+        str(spec.scalar_argument_count).encode(),
+        *(option.encode() for option in spec.compile_options),
+    ]
     digest = hashlib.sha256()
-    for part in (spec.format.value.encode(), spec.kernel_name.encode(), data):
+    digest.update(len(parts).to_bytes(8, "little"))
+    for part in parts:
         digest.update(len(part).to_bytes(8, "little"))
         digest.update(part)
     return _PREFIX + digest.hexdigest()
@@ -65,17 +84,66 @@ def registry_digests(registry: KernelCallRegistry) -> list[tuple[int, str]]:
     return found
 
 
+def document_digests(document: object) -> list[tuple[str, str, str]]:
+    """``(digest, path, what)`` of every CUDA kernel a plan or tuning document can compile.
+
+    A tuning document's kernel problems compile each candidate with its own
+    options: each is listed.
+    """
+    from .plan import LaunchGraphDocument, PipelineDocument, TuningDocument
+
+    if isinstance(document, PipelineDocument):
+        return _registry_rows(document.registry, "$.registry")
+    if isinstance(document, LaunchGraphDocument):
+        rows = []
+        for index, kernel in enumerate(document.artifact_plan.kernels):
+            digest = kernel_digest(kernel.artifact)
+            if digest is not None:
+                what = f"{kernel.artifact.kernel_name} ({kernel.artifact.format.value})"
+                rows.append((digest, f"$.artifact_plan.kernels[{index}].artifact", what))
+        return rows
+    if not isinstance(document, TuningDocument):
+        raise TypeError(f"not a plan or tuning document: {type(document).__name__}")
+    rows = []
+    for index, problem in enumerate(document.kernels):
+        for candidate in range(len(problem.candidates)):
+            spec = problem.candidate_spec(candidate)
+            digest = kernel_digest(spec)
+            if digest is not None:
+                path = f"$.kernels[{index}].candidates[{candidate}]"
+                rows.append((digest, path, f"{problem.name} ({spec.format.value})"))
+    for index, pipeline in enumerate(document.pipelines):
+        for candidate, each in enumerate(pipeline.candidates):
+            prefix = f"$.pipelines[{index}].candidates[{candidate}].registry"
+            rows.extend(_registry_rows(each.registry, prefix))
+    return rows
+
+
+def _registry_rows(registry: KernelCallRegistry, prefix: str) -> list[tuple[str, str, str]]:
+    return [
+        (
+            digest,
+            f"{prefix}.entries[{index}]",
+            f"{registry.entries[index].target} ({registry.entries[index].format.value})",
+        )
+        for index, digest in registry_digests(registry)
+    ]
+
+
 @functools.cache
 def builtin_digests() -> frozenset[str]:
-    """The digests of every CUDA kernel the library ships (its plans and tuning problems)."""
+    """The digests of every CUDA kernel the library ships: its plans and tuning problems."""
     from . import library
+    from .library.tuning import tuning_document
 
-    registries = [library.load_builtin(name).registry for name in library.BUILTIN_PLANS]
+    documents: list[object] = [library.load_builtin(name) for name in library.BUILTIN_PLANS]
     for dtype in library.BUILTIN_DTYPES:
         for build in (library.prefix_sum, library.saxpy, library.reduce_sum):
             with contextlib.suppress(ValueError):  # not every kernel comes in every type
-                registries.append(build(dtype).registry)
-    return frozenset(digest for registry in registries for _, digest in registry_digests(registry))
+                documents.append(build(dtype))
+        with contextlib.suppress(ValueError):
+            documents.append(tuning_document(ArtifactFormat.CUDA_SOURCE, dtype=dtype))
+    return frozenset(row[0] for document in documents for row in document_digests(document))
 
 
 def read_trust_file(path: str | Path) -> frozenset[str]:
@@ -84,8 +152,12 @@ def read_trust_file(path: str | Path) -> frozenset[str]:
     Raises :class:`OSError` if it cannot be read and :class:`ValueError`
     naming the line of one that is not a digest.
     """
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text file ({exc.reason})") from exc
     digests = set()
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
@@ -133,8 +205,7 @@ class TrustPolicy:
             return
         raise UntrustedKernel(
             f"kernel {spec.kernel_name!r} ({spec.format.value}) is not trusted: its digest "
-            f"{digest} is in no trust policy of this backend; trust it only if you trust "
-            "where the plan came from",
+            f"{digest} is not in the backend's trust policy",
             path=path,
         )
 

@@ -175,10 +175,13 @@ class _Worker:
                 f"the compilation exceeded its CPU-time limit of {limits.cpu_seconds:g} s"
             )
         if status is not None and status < 0:
-            return CompilationError(
-                f"the compiler died ({signal.Signals(-status).name}), likely past its memory "
-                f"limit of {limits.memory_bytes / 2**30:g} GiB"
-            )
+            name = signal.Signals(-status).name
+            if -status in (signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV):
+                return CompilationError(
+                    f"the compiler died ({name}), perhaps past its memory limit of "
+                    f"{limits.memory_bytes / 2**30:g} GiB"
+                )
+            return CompilationError(f"the compiler died ({name})")
         return RuntimeUnavailable(f"the NVRTC worker process exited (status {status})")
 
     def close(self) -> None:
@@ -255,7 +258,11 @@ class CompilePool:
                 self._all.remove(worker)
             worker.close()
             raise
-        if self._closed:
+        if self._closed or worker.process.poll() is not None:
+            # Closing, or the worker died after its reply (its watchdog fired just then).
+            with self._lock:
+                if worker in self._all:
+                    self._all.remove(worker)
             worker.close()
         else:
             self._idle.put(worker)

@@ -34,7 +34,7 @@ import msgspec
 
 from .._loops import checkpoint
 from ..backends.base import Backend, EventHandle, StreamHandle
-from ..errors import AccyError, DeviceFault, LaunchArgumentMismatch
+from ..errors import AccyError, DeviceFault, LaunchArgumentMismatch, UntrustedKernel
 from ..plan import KernelTuningProblem, PipelineTuningProblem, validate_plan
 from ..waiting import CLEANUP_WAIT_SECONDS, release_when_idle, wait_event, wait_stream
 from .cache import TuningCache, tuning_key
@@ -184,11 +184,14 @@ class Tuner:
         ``budget`` (seconds) bounds the run this call starts: candidates whose
         turn comes later are ``skipped`` and the result is incomplete (and not
         cached). Cancelling the call cancels the run unless other tasks still
-        wait for it. Raises :class:`DeviceFault` if the device faults, and
-        :class:`PlanError` for a problem that does not validate.
+        wait for it. Raises :class:`DeviceFault` if the device faults,
+        :class:`PlanError` for a problem that does not validate, and
+        :class:`UntrustedKernel` for a candidate the backend's trust policy
+        does not allow, before anything runs.
         """
         await checkpoint()
         validate_plan(problem)
+        self._check_trust(problem)
         key = self.key(problem)
         if self.cache is not None:
             cached = await self.cache.aget(key)
@@ -213,6 +216,26 @@ class Tuner:
             raise copy.copy(run.error).with_traceback(None) from run.error
         assert run.result is not None
         return msgspec.structs.replace(run.result, problem=problem.name)
+
+    def _check_trust(self, problem: TuningProblem) -> None:
+        """Refuse, before anything runs, a candidate the backend's trust policy does not allow."""
+        policy = self.backend.trust_policy
+        if policy is None:
+            return
+        formats = self.backend.formats
+        if isinstance(problem, KernelTuningProblem):
+            for index in range(len(problem.candidates)):
+                spec = problem.candidate_spec(index)
+                if spec.format in formats:
+                    policy.check(spec, f"$.candidates[{index}]")
+            return
+        for index, candidate in enumerate(problem.candidates):
+            for entry_index, entry in enumerate(candidate.registry.entries):
+                if entry.format in formats:
+                    policy.check(
+                        entry.artifact_spec(),
+                        f"$.candidates[{index}].registry.entries[{entry_index}]",
+                    )
 
     async def tune_all(
         self, problems: Sequence[TuningProblem], *, budget: float | None = None
@@ -317,8 +340,8 @@ class Tuner:
                     subject: Subject = await load_kernel_subject(self.backend, problem, index)
                 else:
                     subject = await load_pipeline_subject(self.backend, problem, index)
-            except DeviceFault:
-                raise
+            except (DeviceFault, UntrustedKernel):
+                raise  # a fault ends the run; an untrusted kernel is the caller's decision
             except AccyError as exc:
                 return None, time.perf_counter() - started, f"{type(exc).__name__}: {exc}"
             return subject, time.perf_counter() - started, ""
@@ -487,8 +510,8 @@ class _Measurement:
                         statistics = sample_statistics(samples)
                         if statistics.relative_precision <= settings.precision:
                             break
-            except DeviceFault:
-                raise
+            except (DeviceFault, UntrustedKernel):
+                raise  # a fault ends the run; an untrusted kernel is the caller's decision
             except AccyError as exc:
                 error = f"{type(exc).__name__}: {exc}"
         if scope.cancelled_caught:
