@@ -270,3 +270,31 @@ async def test_numpy_scalars_empty_operands_and_odd_out(cpu_backend: accy.CpuBac
         with pytest.raises(accy.LaunchArgumentMismatch, match="is a int, not an array") as caught:
             await saxpy(x, y, a=1.0, out=5)
         assert caught.value.path == "$.out[0]"
+
+
+class HostTensor:
+    """Another library's host tensor: offered through DLPack only (not a NumPy array)."""
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self._array = array
+
+    def __dlpack__(self, **keywords: Any) -> Any:
+        return self._array.__dlpack__(**keywords)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+async def test_host_tensors_offered_through_dlpack_are_used_in_place(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    x, out = np.ones(1000, np.float32), np.zeros(1000, np.float32)
+    async with accy.open_pipeline("prefix_sum_f32", backend=cpu_backend) as scan:
+        y = await scan(HostTensor(x))
+        assert isinstance(y, np.ndarray)
+        assert y[-1] == 1000
+        written = await scan(HostTensor(x), out=HostTensor(out))
+        assert np.shares_memory(written, out)
+        assert out[-1] == 1000
+        with pytest.raises(accy.LaunchArgumentMismatch, match="holds float64"):
+            await scan(HostTensor(np.ones(4, np.float64)))

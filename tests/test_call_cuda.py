@@ -113,3 +113,31 @@ async def test_device_array_mistakes_are_named(cuda: accy.Backend) -> None:
                 await call(operand)
         y = await scan(torch.ones(10, device="cuda"))
         assert y[-1].item() == 10
+
+
+class DLPackOnly:
+    """A GPU tensor offered through DLPack only, as JAX and cuda.core offer theirs."""
+
+    def __init__(self, tensor: Any) -> None:
+        self._tensor = tensor
+
+    def __dlpack__(self, **keywords: Any) -> Any:
+        return self._tensor.__dlpack__(**keywords)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        device: tuple[int, int] = self._tensor.__dlpack_device__()
+        return device
+
+
+async def test_gpu_tensors_offered_through_dlpack_only(cuda: accy.Backend) -> None:
+    torch = _torch()
+    n = 100_000
+    async with accy.open_pipeline("prefix_sum_f32", backend=cuda) as scan:
+        x = torch.ones(n, device="cuda")
+        out = torch.empty(n, device="cuda")
+        assert await scan(DLPackOnly(x), out=out) is out
+        assert out[-1].item() == n
+        with pytest.raises(accy.LaunchArgumentMismatch, match="pass out="):
+            await scan(DLPackOnly(x))
+        with pytest.raises(accy.LaunchArgumentMismatch, match="holds float64"):
+            await scan(DLPackOnly(torch.ones(8, device="cuda", dtype=torch.float64)))

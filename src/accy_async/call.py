@@ -37,7 +37,7 @@ from ._loops import checkpoint
 from .backends.base import Backend, BufferBinding, BufferHandle, StreamHandle
 from .buffers import download
 from .errors import LaunchArgumentMismatch, UnsupportedOperation
-from .interop import DeviceArray, Lease, device_array, empty_like
+from .interop import DeviceArray, Lease, cpu_array, device_array, empty_like
 from .library import load_builtin
 from .pipeline import (
     PipelineArtifactPool,
@@ -516,6 +516,7 @@ def _checked(
     array: Any, shape: PipelineBuffer, what: str, path: str, *, out: bool = False
 ) -> _Array:
     """A device array (its dtype checked), or a NumPy array (see :func:`_checked_array`)."""
+    array = cpu_array(array)  # host memory offered through DLPack: a NumPy view of it
     device = device_array(array, what, path)
     if device is None:
         return _checked_array(array, shape, what, path)

@@ -1,4 +1,4 @@
-"""Other libraries' GPU arrays: the CUDA Array Interface, read without a copy.
+"""Other libraries' arrays: the CUDA Array Interface and DLPack, read without a copy.
 
 A :class:`DeviceArray` is what accy-async needs of an object exposing
 ``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors, Numba
@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from . import dlpack
 from .errors import LaunchArgumentMismatch
 
-__all__ = ["DeviceArray", "Lease", "device_array", "empty_like"]
+__all__ = ["DeviceArray", "Lease", "cpu_array", "device_array", "empty_like"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,7 @@ def device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
     try:
         interface = obj.__cuda_array_interface__
     except AttributeError:
-        return None
+        return _dlpack_device_array(obj, what, path)
     except Exception as exc:  # PyTorch refuses tensors that require grad, for one
         raise LaunchArgumentMismatch(f"{what}: {exc}", path=path) from exc
     dtype = np.dtype(interface["typestr"])
@@ -88,6 +89,57 @@ def device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
     )
 
 
+def _dlpack_device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
+    """A GPU array offered only through DLPack (JAX, cuda.core), ``None`` for anything else.
+
+    It is exported for CUDA's legacy default stream (``stream=1``): the
+    producer orders its work before that stream, and the call's lane waits
+    for it on the device.
+    """
+    device_of = getattr(obj, "__dlpack_device__", None)
+    if device_of is None or not hasattr(obj, "__dlpack__"):
+        return None
+    try:
+        device_type = int(device_of()[0])
+    except Exception as exc:
+        raise LaunchArgumentMismatch(f"{what}: __dlpack_device__ failed: {exc}", path=path) from exc
+    if device_type not in (dlpack.CUDA, dlpack.CUDA_MANAGED):
+        return None
+    try:
+        view = dlpack.consume(obj, stream=_LEGACY_DEFAULT_STREAM)
+    except (TypeError, ValueError, BufferError) as exc:
+        raise LaunchArgumentMismatch(f"{what}: {exc}", path=path) from exc
+    if len(view.shape) != 1 or not view.contiguous:
+        view.release()
+        raise LaunchArgumentMismatch(
+            f"{what} has shape {view.shape}, the plan takes a 1-D contiguous array", path=path
+        )
+    return DeviceArray(
+        owner=view,
+        address=view.address,
+        dtype=view.dtype,
+        size=view.size,
+        readonly=view.readonly,
+        stream=_LEGACY_DEFAULT_STREAM,
+    )
+
+
+_LEGACY_DEFAULT_STREAM = 1
+
+
+def cpu_array(obj: Any) -> Any:
+    """``obj`` as a NumPy array without a copy if it offers host memory through DLPack.
+
+    Anything else comes back as it is.
+    """
+    if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
+        return obj
+    device_of = getattr(obj, "__dlpack_device__", None)
+    if device_of is None or int(device_of()[0]) not in (dlpack.CPU, dlpack.CUDA_HOST):
+        return obj
+    return np.from_dlpack(obj)
+
+
 def _producer_stream(obj: Any, interface: dict[str, Any]) -> int | None:
     if _library(obj) == "torch":
         import torch
@@ -106,6 +158,12 @@ def empty_like(owner: Any, dtype: np.dtype[Any], count: int, what: str) -> Any:
 
     PyTorch and CuPy are known; for another library pass ``out=``.
     """
+    if isinstance(owner, dlpack.DLPackView):
+        raise LaunchArgumentMismatch(
+            f"{what}: the operands came through DLPack, which gives no way to allocate "
+            "results of their kind; pass out= (a CuPy or PyTorch array, say)",
+            path="$.out",
+        )
     library = _library(owner)
     if library == "torch":
         import torch
