@@ -137,7 +137,94 @@ async def test_gpu_tensors_offered_through_dlpack_only(cuda: accy.Backend) -> No
         out = torch.empty(n, device="cuda")
         assert await scan(DLPackOnly(x), out=out) is out
         assert out[-1].item() == n
-        with pytest.raises(accy.LaunchArgumentMismatch, match="pass out="):
-            await scan(DLPackOnly(x))
+        y = await scan(DLPackOnly(x))  # no way to make theirs: an ArrayView, offering DLPack
+        assert isinstance(y, accy.ArrayView)
+        assert torch.from_dlpack(y)[-1].item() == n
         with pytest.raises(accy.LaunchArgumentMismatch, match="holds float64"):
             await scan(DLPackOnly(torch.ones(8, device="cuda", dtype=torch.float64)))
+
+
+async def test_results_taken_by_torch_and_cupy_without_a_copy_on_their_streams(
+    cuda: accy.Backend,
+) -> None:
+    """The consumer's stream waits for the scan on the device; the result outlives ``del``."""
+    torch = _torch()
+    cupy = pytest.importorskip("cupy")
+    n = 1_000_000
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    async with accy.open_pipeline("prefix_sum_f32", backend=cuda) as scan:
+        for trial in range(30):
+            value = float(trial % 5 + 1)
+            with torch.cuda.stream(producer):
+                x = torch.empty(n, device="cuda")
+                torch.cuda._sleep(1_000_000)  # the operand lands late: so does the scan
+                x.fill_(value)
+            y = await scan(DLPackOnly(x))
+            with torch.cuda.stream(consumer):
+                t = torch.from_dlpack(y)  # `consumer` now waits for the scan, on the device
+                assert t.data_ptr() == y.address
+                last = t[-1].item()
+            assert last == value * n, trial
+        with cupy.cuda.Stream(non_blocking=True):
+            c = cupy.from_dlpack(y)
+            assert c.data.ptr == y.address
+            assert float(c[-1]) == last
+        assert cupy.asarray(y).data.ptr == y.address  # the CUDA Array Interface
+        # The tensor keeps the memory: dropping the view frees nothing.
+        address = y.address
+        del y, c
+        gc.collect()
+        for _ in range(3):
+            z = await scan(DLPackOnly(torch.full((n,), 7.0, device="cuda")))
+            assert z.address != address
+        assert t[-1].item() == last
+        del t, z
+        gc.collect()
+        assert accy.dlpack.exported_count() == 0
+    cuda.collect_deferred()  # what the views gave up (from whichever thread dropped them)
+    await accy.wait_stream(cuda)
+    cuda.collect_deferred()
+    buffers = [kind for kind in cuda.live_objects(owned_only=True).values() if kind == "buffer"]
+    assert buffers == []
+
+
+async def test_streams_of_other_libraries_are_taken_where_a_stream_is(cuda: accy.Backend) -> None:
+    torch = _torch()
+    core = pytest.importorskip("cuda.core")
+    document = accy.library.load_builtin("prefix_sum_f32")
+    n = 100_000
+    x = accy.upload(cuda, np.ones(n, np.float32))
+    y = cuda.allocate_buffer(4 * n)
+    arguments = document.pipeline.validate_runtime_scalar_arguments([n])
+    pool = await accy.load_pipeline_artifacts(cuda, document.pipeline, document.registry)
+    scratch = await accy.allocate_pipeline_intermediates(cuda, document.pipeline, arguments)
+    device = core.Device(0)
+    device.set_current()
+    streams: list[Any] = [torch.cuda.Stream(), device.create_stream()]
+    for stream in streams:
+        cuda.fill_buffer(y, 0, stream=stream)
+        request = accy.PipelineLaunch.of(
+            document,
+            operands=(x.bind("read_only"),),
+            results=(y.bind(),),
+            runtime_scalar_arguments=arguments,
+            intermediates=scratch,
+            artifacts=pool,
+            stream=stream,
+        )
+        await accy.launch_pipeline(cuda, request)
+        await accy.wait_stream(cuda, stream)
+        values = await accy.download(cuda, y, np.float32, n, stream=stream)
+        assert values[-1] == n
+    # Ours taken by theirs: cuda.core wraps it, PyTorch runs on it.
+    ours = cuda.create_stream()
+    handle = ours.__cuda_stream__()[1]
+    assert int(device.create_stream(ours).handle) == handle
+    with torch.cuda.stream(torch.cuda.ExternalStream(handle)):
+        t = torch.ones(n, device="cuda") * 2
+    await accy.wait_stream(cuda, ours)
+    assert t.sum().item() == 2 * n
+    await pool.aclose()
+    await scratch.aclose()
+    cuda.destroy_all([x, y, ours])
+    assert all(kind != "stream" for kind in cuda.live_objects(owned_only=True).values())

@@ -9,6 +9,7 @@ uvloop and trio through AnyIO.
 from __future__ import annotations
 
 from . import library
+from .arrays import ArrayView
 from .backends import (
     Backend,
     BufferBinding,
@@ -22,6 +23,8 @@ from .backends import (
     RecordedLaunch,
     RecordingBackend,
     StreamHandle,
+    StreamLike,
+    SupportsCudaStream,
     WaitPolicy,
     auto_backend_choice,
     cpu_kernel,
@@ -94,6 +97,7 @@ __all__ = [
     "U32",
     "U64",
     "AccyError",
+    "ArrayView",
     "ArtifactFormat",
     "ArtifactPlan",
     "ArtifactSpec",
@@ -135,6 +139,8 @@ __all__ = [
     "ScalarArgument",
     "SlotBinding",
     "StreamHandle",
+    "StreamLike",
+    "SupportsCudaStream",
     "TrustPolicy",
     "UnsupportedOperation",
     "UntrustedKernel",

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .backends.base import Backend, BufferHandle, StreamHandle, WaitPolicy
+from .backends.base import Backend, BufferHandle, StreamLike, WaitPolicy
 from .plan import DType
 from .waiting import wait_read
 
@@ -19,7 +19,7 @@ def upload(
     array: npt.ArrayLike,
     *,
     dtype: npt.DTypeLike | None = None,
-    stream: StreamHandle | None = None,
+    stream: StreamLike | None = None,
 ) -> BufferHandle:
     """A new buffer holding ``array``'s bytes (C order); the copy lands in stream order.
 
@@ -45,7 +45,7 @@ async def download(
     count: int | None = None,
     *,
     offset: int = 0,
-    stream: StreamHandle | None = None,
+    stream: StreamLike | None = None,
     policy: WaitPolicy | None = None,
 ) -> np.ndarray[Any, Any]:
     """Read ``count`` elements of ``dtype`` from ``buffer`` at byte ``offset``.

@@ -34,8 +34,10 @@ import anyio
 import numpy as np
 
 from ._loops import checkpoint
+from .arrays import ArrayView
 from .backends.base import Backend, BufferBinding, BufferHandle, StreamHandle
 from .buffers import download
+from .dlpack import DLPackView
 from .errors import LaunchArgumentMismatch, UnsupportedOperation
 from .interop import DeviceArray, Lease, cpu_array, device_array, empty_like
 from .library import load_builtin
@@ -188,8 +190,10 @@ class PipelineCall:
         """Run the pipeline on ``operands``; its result (a tuple of them if several).
 
         Operands are NumPy arrays or, on CUDA, any 1-D contiguous array with
-        ``__cuda_array_interface__`` (CuPy, PyTorch); results are of the
-        first device operand's kind (else NumPy), or ``out=``'s. With device
+        ``__cuda_array_interface__`` (CuPy, PyTorch) or DLPack; results are of
+        the first device operand's kind (an :class:`~accy_async.arrays.ArrayView`,
+        which exports DLPack, for operands offered through DLPack only; else
+        NumPy), or ``out=``'s. With device
         arrays only, the call returns once the work is enqueued, ordered
         after the producers' streams and before the consumer's (PyTorch's
         current stream, CuPy's): no host synchronisation. Raises
@@ -314,7 +318,12 @@ class PipelineCall:
                     made.append(np.empty(count, _numpy_dtype(shape)))
                     continue
                 what, path = f"result {index} ({shape.name!r})", f"$.out[{index}]"
-                new = empty_like(model.owner, _numpy_dtype(shape), count, what)
+                dtype = _numpy_dtype(shape)
+                if isinstance(model.owner, DLPackView):  # no way to make one of their kind
+                    buffer = self.backend.allocate_buffer(max(count * dtype.itemsize, 1))
+                    new: Any = ArrayView(self.backend, buffer, dtype, count, owned=True)
+                else:
+                    new = empty_like(model.owner, dtype, count, what)
                 device = device_array(new, what, path)
                 assert device is not None
                 made.append(device)
@@ -477,6 +486,10 @@ class PipelineCall:
             await self._launch_once(request)
             for foreign in _streams(results):
                 backend.lead_foreign_stream(foreign, lane.stream)
+            for item in results:
+                owner = item.owner if isinstance(item, DeviceArray) else None
+                if isinstance(owner, ArrayView) and owner.stream is None:  # written on the lane
+                    owner.stream = lane.stream
             for index, item in enumerate(results):
                 if isinstance(item, np.ndarray):
                     values = await download(

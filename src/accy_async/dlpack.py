@@ -1,4 +1,4 @@
-"""DLPack, consumed: another library's tensor as an address, a type and a shape.
+"""DLPack both ways: others' tensors taken (:func:`consume`), ours offered (:func:`export`).
 
 :func:`consume` calls ``obj.__dlpack__`` (asking for a versioned capsule, DLPack
 1.x, and falling back to the legacy one), takes ownership of the managed
@@ -7,8 +7,12 @@ returns a :class:`DLPackView`. The producer's memory stays valid until the view
 is released (:meth:`DLPackView.release`, or when the view is collected), which
 calls the producer's deleter exactly once.
 
-The structures follow ``dlpack.h`` (v1.0); NumPy produces both capsule kinds
-for CPU arrays, which is how this module is tested without a GPU.
+:func:`export` builds the managed tensor for memory another object owns and
+wraps it in a capsule; the owner stays referenced until the consumer calls the
+deleter (or the capsule is collected unconsumed).
+
+The structures follow ``dlpack.h`` (v1.0); NumPy produces and consumes both
+capsule kinds for CPU arrays, which is how this module is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any, Final
 
 import numpy as np
 
-__all__ = ["CPU", "CUDA", "CUDA_HOST", "CUDA_MANAGED", "DLPackView", "consume"]
+__all__ = ["CPU", "CUDA", "CUDA_HOST", "CUDA_MANAGED", "DLPackView", "consume", "export"]
 
 CPU: Final = 1
 CUDA: Final = 2
@@ -93,6 +97,7 @@ _LEGACY: Final = b"dltensor"
 _USED_LEGACY: Final = b"used_dltensor"
 
 _CODES: Final = {0: "i", 1: "u", 2: "f", 6: "b"}
+_KINDS: Final = {kind: code for code, kind in _CODES.items()}
 _BFLOAT: Final = 4
 
 
@@ -223,3 +228,104 @@ def _view(tensor: _Tensor, readonly: bool) -> DLPackView:
         readonly=readonly,
         bfloat16=bfloat16,
     )
+
+
+# ----- export ---------------------------------------------------------------------------------
+
+_new_capsule = ctypes.pythonapi.PyCapsule_New
+_new_capsule.restype = ctypes.py_object
+_new_capsule.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+_raw_is_valid = ctypes.PyDLL(None).PyCapsule_IsValid  # on a capsule being destroyed: no refs
+_raw_is_valid.restype = ctypes.c_int
+_raw_is_valid.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
+_raw_get_pointer = ctypes.PyDLL(None).PyCapsule_GetPointer
+_raw_get_pointer.restype = ctypes.c_void_p
+_raw_get_pointer.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
+
+
+class _Export:
+    """What an exported tensor keeps alive until its deleter runs."""
+
+    __slots__ = ("managed", "owner", "shape")
+
+    def __init__(self, managed: ctypes.Structure, shape: Any, owner: Any) -> None:
+        self.managed = managed
+        self.shape = shape
+        self.owner = owner
+
+
+_exports: dict[int, _Export] = {}
+"""Exported managed tensors not yet deleted, by address (the GIL guards it)."""
+
+
+def _delete(pointer: int | None) -> None:
+    """The deleter every exported tensor carries: lets go of its owner."""
+    if pointer is not None:
+        _exports.pop(pointer, None)
+
+
+def _destroy_capsule(capsule: int | None) -> None:
+    """A capsule collected unconsumed (still named as made): delete its tensor."""
+    for name in (_VERSIONED, _LEGACY):
+        if capsule and _raw_is_valid(capsule, name):
+            _delete(_raw_get_pointer(capsule, name))
+
+
+_DELETER: Final = _Deleter(_delete)
+_CAPSULE_DESTRUCTOR: Final = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_destroy_capsule)
+
+
+def export(
+    address: int,
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    device: tuple[int, int],
+    owner: Any,
+    *,
+    versioned: bool,
+    readonly: bool = False,
+) -> Any:
+    """A DLPack capsule over ``address`` (C-contiguous ``shape`` of ``dtype`` on ``device``).
+
+    ``owner`` is kept referenced until the consumer calls the deleter, or
+    until the capsule is collected unconsumed. ``versioned`` makes a DLPack
+    1.0 capsule (``dltensor_versioned``, for consumers that passed
+    ``max_version``), else a legacy one. Raises :class:`BufferError` for an
+    element type DLPack has no code for.
+    """
+    code = _KINDS.get(dtype.kind)
+    if code is None:
+        raise BufferError(f"DLPack has no type code for {dtype}")
+    extents = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    managed: _Managed | _ManagedVersioned
+    if versioned:
+        managed = _ManagedVersioned()
+        managed.version.major, managed.version.minor = 1, 0
+        managed.flags = _READ_ONLY if readonly else 0
+    else:
+        managed = _Managed()
+    tensor = managed.dl_tensor
+    tensor.data = address or None
+    tensor.device.device_type, tensor.device.device_id = device
+    tensor.ndim = len(shape)
+    tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes = code, dtype.itemsize * 8, 1
+    tensor.shape = ctypes.cast(extents, ctypes.POINTER(ctypes.c_int64))
+    tensor.strides = None  # C-contiguous
+    tensor.byte_offset = 0
+    managed.deleter = ctypes.cast(_DELETER, ctypes.c_void_p).value
+    pointer = ctypes.addressof(managed)
+    _exports[pointer] = _Export(managed, extents, owner)
+    try:
+        return _new_capsule(
+            pointer,
+            _VERSIONED if versioned else _LEGACY,
+            ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p).value,
+        )
+    except BaseException:
+        _exports.pop(pointer, None)
+        raise
+
+
+def exported_count() -> int:
+    """How many exported tensors are still held by a consumer (or an unconsumed capsule)."""
+    return len(_exports)

@@ -40,6 +40,7 @@ from .backends.base import (
     DeviceObject,
     EventHandle,
     StreamHandle,
+    StreamLike,
 )
 from .errors import InvalidArtifact, InvalidBuffer, LaunchArgumentMismatch
 from .kernels import (
@@ -246,16 +247,17 @@ async def launch_graph(
     graph: LaunchGraphPlan,
     element_count_buffers: Sequence[ElementCountBufferBinding] = (),
     *,
-    streams: Sequence[StreamHandle] | None = None,
+    streams: Sequence[StreamLike] | None = None,
     events: Sequence[EventHandle] = (),
-    default_stream: StreamHandle | None = None,
+    default_stream: StreamLike | None = None,
 ) -> GraphRun:
     """Enqueue every node of ``graph`` and return once all are enqueued.
 
     ``streams`` bind the graph's stream indices (the run creates
     ``graph.stream_count`` streams when none are given, and releases them
     after); ``events`` bind its event indices; nodes with no stream go to
-    ``default_stream`` (the backend's when ``None``). The returned
+    ``default_stream`` (the backend's when ``None``). Streams may be other
+    libraries' (see :meth:`~accy_async.backends.base.Backend.adopt_stream`). The returned
     :class:`GraphRun` awaits the whole graph or any node. See the module
     docstring for how errors and cancellation are handled.
     """
@@ -291,11 +293,9 @@ async def launch_graph(
     for event in events:
         if not backend.owns(event):
             raise InvalidBuffer(f"{event!r} is not a live event of this backend")
-    for stream in [*(streams or ()), *([default_stream] if default_stream else [])]:
-        if not backend.owns(stream):
-            raise InvalidBuffer(f"{stream!r} is not a live stream of this backend")
+    stream_handles = [backend.adopt_stream(stream) for stream in streams or ()]
+    default = None if default_stream is None else backend.adopt_stream(default_stream)
     owned: list[DeviceObject] = []
-    stream_handles: list[StreamHandle] = list(streams or ())
     run: _Run | None = None
     try:
         while len(stream_handles) < graph.stream_count:
@@ -309,7 +309,7 @@ async def launch_graph(
             counts,
             stream_handles,
             events,
-            default_stream,
+            default,
             owned,
         )
         if schedule.uses_events:
@@ -318,7 +318,7 @@ async def launch_graph(
             await run.enqueue_host_order()
         result = run.finish()
     except BaseException:
-        used = run.used_streams if run is not None else [default_stream]
+        used = run.used_streams if run is not None else [default]
         await release_when_idle(backend, owned, used)
         raise
     backend.defer_destroy(owned, after=run.used_streams)

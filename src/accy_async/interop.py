@@ -158,12 +158,6 @@ def empty_like(owner: Any, dtype: np.dtype[Any], count: int, what: str) -> Any:
 
     PyTorch and CuPy are known; for another library pass ``out=``.
     """
-    if isinstance(owner, dlpack.DLPackView):
-        raise LaunchArgumentMismatch(
-            f"{what}: the operands came through DLPack, which gives no way to allocate "
-            "results of their kind; pass out= (a CuPy or PyTorch array, say)",
-            path="$.out",
-        )
     library = _library(owner)
     if library == "torch":
         import torch

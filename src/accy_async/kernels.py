@@ -28,6 +28,7 @@ from .backends.base import (
     LoadedArtifact,
     StageLauncher,
     StreamHandle,
+    StreamLike,
 )
 from .errors import (
     InvalidArtifact,
@@ -90,7 +91,8 @@ class LaunchOptions:
     ``runtime_scalar_arguments``, when not empty, replace the plan's defaults.
     """
 
-    stream: StreamHandle | None = None
+    stream: StreamLike | None = None
+    """A :class:`StreamHandle`, another library's stream, or ``None`` (the default stream)."""
     wait_events: Sequence[EventHandle] = ()
     signal_event: EventHandle | None = None
     tuning: LaunchTuning = NO_TUNING
@@ -168,7 +170,7 @@ class LoadedKernels:
         self.artifact_plan = artifact_plan
         self.loaded: tuple[LoadedArtifact, ...] = tuple(loaded)
         self.kernel_ids: tuple[int, ...] = tuple(k.kernel_id for k in artifact_plan.kernels)
-        self._streams_used: set[StreamHandle | None] = set()
+        self._streams_used: set[StreamLike | None] = set()
         self._closed = False
         self._slots: dict[int, Slot] = {slot.slot_id: slot for slot in artifact_plan.slots}
         self._launchers = tuple(backend.stage_launcher(each) for each in self.loaded)
@@ -336,7 +338,7 @@ class LoadedKernels:
     def enqueue(
         self,
         prepared: PreparedLaunch,
-        stream: StreamHandle | None = None,
+        stream: StreamLike | None = None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
         *,
@@ -350,6 +352,8 @@ class LoadedKernels:
         with ``pack``.
         """
         backend = self.backend
+        if stream is not None and type(stream) is not StreamHandle:
+            stream = backend.adopt_stream(stream)
         if prepared.fills:
             for binding, pattern, byte_size in prepared.fills:
                 _fill(backend, binding, pattern, byte_size, stream)
@@ -563,7 +567,7 @@ def _fill(
     binding: BufferBinding,
     pattern: int,
     byte_size: int,
-    stream: StreamHandle | None,
+    stream: StreamLike | None,
 ) -> None:
     """The seed's fill: the backend's fill, else write the pattern for small slots."""
     try:

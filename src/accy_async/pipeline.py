@@ -42,6 +42,7 @@ from .backends.base import (
     LoadedArtifact,
     StageLauncher,
     StreamHandle,
+    StreamLike,
 )
 from .errors import (
     InvalidArtifact,
@@ -234,7 +235,10 @@ class PipelineLaunch:
     runtime_scalar_arguments: Sequence[ScalarArgument | int | float] = ()
     intermediates: Sequence[BufferBinding] | None = None
     artifacts: PipelineArtifactPool | None = None
-    stream: StreamHandle | None = None
+    stream: StreamLike | None = None
+    """The stream to run on: a :class:`StreamHandle`, another library's stream
+    (``torch.cuda.current_stream()``, a CuPy or cuda.core stream), or ``None`` for the
+    backend's default stream."""
     diagnostic_id: str | None = None
     operand_shapes: Sequence[PipelineBuffer] = ()
     """What each operand must hold (a plan document's ``operands``): when given, each
@@ -253,7 +257,7 @@ class PipelineLaunch:
         runtime_scalar_arguments: Sequence[ScalarArgument | int | float] = (),
         intermediates: Sequence[BufferBinding] | None = None,
         artifacts: PipelineArtifactPool | None = None,
-        stream: StreamHandle | None = None,
+        stream: StreamLike | None = None,
         format: ArtifactFormat | None = None,
         diagnostic_id: str | None = None,
     ) -> PipelineLaunch:
@@ -311,6 +315,8 @@ class _Memo:
     """A request checked in full once, with its stages' arguments packed, for relaunching."""
 
     request: PipelineLaunch
+    stream: StreamHandle | None
+    """The request's stream, adopted (see :meth:`Backend.adopt_stream`)."""
     sequences: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]]
     bindings: tuple[BufferBinding, ...]
     stages: (
@@ -338,7 +344,7 @@ class _Memo:
             ):
                 return False
         backend.check_bindings(self.bindings, "$.buffers")
-        stream = request.stream
+        stream = self.stream
         return stream is None or backend.owns(stream)
 
 
@@ -593,8 +599,11 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     if pool is not None:
         pool.accept(backend, program, fmt)
     stream = request.stream
-    if stream is not None and not backend.owns(stream):
-        raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")
+    if stream is not None:
+        if type(stream) is not StreamHandle:
+            stream = backend.adopt_stream(stream)
+        elif not backend.owns(stream):
+            raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")
     backend.check_bindings(operands, "$.operands")
     backend.check_bindings(results, "$.results")
     if request.operand_shapes or request.result_shapes:
@@ -622,6 +631,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         immutable = all(isinstance(each, tuple | PipelineIntermediates) for each in sources)
         pool.memos[id(request)] = _Memo(
             request,
+            stream,
             sources,
             (*operands, *results, *provided),
             tuple(stages) if seen_before else None,
@@ -675,7 +685,7 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool
         raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
     if not memo.still_holds(backend):
         return False
-    stream = memo.request.stream
+    stream = memo.stream
     if isinstance(intermediates, PipelineIntermediates):
         intermediates.streams_used.add(stream)
     pool.streams_used.add(stream)

@@ -50,7 +50,7 @@ from .backends.base import (
     DeviceObject,
     EventHandle,
     PendingRead,
-    StreamHandle,
+    StreamLike,
     StreamMark,
     WaitPolicy,
     check_wait_policy,
@@ -97,12 +97,13 @@ async def wait_event(
 
 
 async def wait_stream(
-    backend: Backend, stream: StreamHandle | None = None, *, policy: WaitPolicy | None = None
+    backend: Backend, stream: StreamLike | None = None, *, policy: WaitPolicy | None = None
 ) -> None:
     """Return once all work enqueued on ``stream`` (default: the default stream) has completed.
 
     Work enqueued after the call is not waited for. A checkpoint even when the
-    stream is idle.
+    stream is idle. ``stream`` may be another library's (a PyTorch, CuPy or
+    cuda.core stream, see :meth:`~accy_async.backends.base.Backend.adopt_stream`).
     """
     if policy is not None:
         check_wait_policy(policy)
@@ -139,7 +140,7 @@ async def wait_read(pending: PendingRead, *, policy: WaitPolicy | None = None) -
 async def synchronize(
     backend: Backend,
     *,
-    stream: StreamHandle | None = None,
+    stream: StreamLike | None = None,
     event: EventHandle | None = None,
     policy: WaitPolicy | None = None,
 ) -> None:
@@ -192,7 +193,7 @@ class CompletionLatch(Completion):
 async def release_when_idle(
     backend: Backend,
     objects: Sequence[DeviceObject],
-    streams: Sequence[StreamHandle | None],
+    streams: Sequence[StreamLike | None],
     *,
     patience: float | None = None,
 ) -> None:
@@ -239,7 +240,7 @@ def _gone(backend: Backend) -> bool:
 
 
 def _defer(
-    backend: Backend, objects: Sequence[DeviceObject], streams: Sequence[StreamHandle | None]
+    backend: Backend, objects: Sequence[DeviceObject], streams: Sequence[StreamLike | None]
 ) -> None:
     """Release ``objects`` once ``streams`` are idle (at once if the backend cannot wait)."""
     try:
@@ -275,7 +276,7 @@ class _StreamCallback:
 
     __slots__ = ("backend", "stream")
 
-    def __init__(self, backend: Backend, stream: StreamHandle | None) -> None:
+    def __init__(self, backend: Backend, stream: StreamLike | None) -> None:
         self.backend = backend
         self.stream = stream
 

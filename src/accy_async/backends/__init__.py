@@ -33,7 +33,9 @@ from .base import (
     Ownership,
     PendingRead,
     StreamHandle,
+    StreamLike,
     StreamMark,
+    SupportsCudaStream,
     WaitPolicy,
 )
 from .cpu import CpuBackend
@@ -73,7 +75,9 @@ __all__ = [
     "RecordedLaunch",
     "RecordingBackend",
     "StreamHandle",
+    "StreamLike",
     "StreamMark",
+    "SupportsCudaStream",
     "WaitPolicy",
     "auto_backend_choice",
     "cpu_kernel",

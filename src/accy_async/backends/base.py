@@ -25,7 +25,7 @@ import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, TypeAlias, get_args
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 import anyio
 import anyio.lowlevel
@@ -71,7 +71,9 @@ __all__ = [
     "PendingRead",
     "StageLauncher",
     "StreamHandle",
+    "StreamLike",
     "StreamMark",
+    "SupportsCudaStream",
     "WaitPolicy",
     "check_wait_policy",
 ]
@@ -94,6 +96,9 @@ due and watches from then; ``frugal`` spends at most about a tenth of a core.
 """
 
 WAIT_POLICIES: Final[tuple[WaitPolicy, ...]] = get_args(WaitPolicy)
+
+_ORPHANS_TOKEN: Final = -1
+"""In the ready queue of deferred releases: objects given up from another thread wait."""
 
 
 def check_wait_policy(policy: str) -> None:
@@ -161,10 +166,73 @@ class BufferHandle(DeviceObject):
 
 
 class StreamHandle(DeviceObject):
-    """An in-order queue of device work."""
+    """An in-order queue of device work.
 
-    __slots__ = ()
+    On CUDA it speaks the ``__cuda_stream__`` protocol, so PyTorch, CuPy and
+    cuda.core take it where they take a stream. ``external`` streams belong to
+    another library (see :meth:`Backend.adopt_stream`): destroying one only
+    forgets it.
+    """
+
+    __slots__ = ("external",)
     kind = "stream"
+
+    def __init__(
+        self, backend_id: int, object_id: int, native: Any, *, external: bool = False
+    ) -> None:
+        super().__init__(backend_id, object_id, native)
+        self.external = external
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """``(0, the raw CUstream handle)``, the protocol of cuda.core (CUDA streams only)."""
+        try:
+            return (0, int(self.native))
+        except TypeError:
+            raise TypeError(f"{self!r} is not a CUDA stream") from None
+
+
+@runtime_checkable
+class SupportsCudaStream(Protocol):
+    """A stream of another library: ``__cuda_stream__()`` gives ``(0, raw handle)``."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+StreamLike: TypeAlias = "StreamHandle | SupportsCudaStream | int"
+"""Where a stream is taken: a :class:`StreamHandle`, another library's stream
+(anything with ``__cuda_stream__``: cuda.core, CuPy, PyTorch; or
+``cuda_stream``, PyTorch's older spelling), or a raw ``CUstream`` handle."""
+
+
+def raw_stream_handle(stream: object) -> int:
+    """The raw ``CUstream`` handle of another library's stream, or :class:`InvalidBuffer`."""
+    if isinstance(stream, bool):
+        raise InvalidBuffer(f"{stream!r} is not a stream", path="$.stream")
+    if isinstance(stream, int):
+        return stream
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        try:
+            version, handle = protocol()
+        except Exception as exc:
+            raise InvalidBuffer(
+                f"{type(stream).__name__}.__cuda_stream__() failed: {exc}", path="$.stream"
+            ) from exc
+        if version != 0:
+            raise InvalidBuffer(
+                f"{type(stream).__name__} speaks __cuda_stream__ version {version}; "
+                "accy-async knows version 0",
+                path="$.stream",
+            )
+        return int(handle)
+    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream before the protocol
+    if isinstance(handle, int) and not isinstance(handle, bool):
+        return handle
+    raise InvalidBuffer(
+        f"{type(stream).__name__} is not a stream (a StreamHandle, an object with "
+        "__cuda_stream__, or a raw CUstream handle)",
+        path="$.stream",
+    )
 
 
 class EventHandle(DeviceObject):
@@ -465,6 +533,10 @@ class Backend(abc.ABC):
         self._deferred_ready: deque[int] = deque()
         self._deferred_tokens = itertools.count()
         self._deferred_lock = threading.Lock()
+        self._orphans: deque[tuple[list[DeviceObject], StreamHandle | None]] = deque()
+        """Objects given up from any thread (:meth:`release_from_any_thread`)."""
+        self._adopted: dict[int, StreamHandle] = {}
+        """Other libraries' streams in use, by raw handle (see :meth:`adopt_stream`)."""
 
     # ----- what a backend is ---------------------------------------------------------------
 
@@ -487,6 +559,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def default_stream(self) -> StreamHandle:
         """The stream work goes to when none is given (not CUDA's legacy NULL stream)."""
+
+    @property
+    def dlpack_device(self) -> tuple[int, int]:
+        """Where this backend's buffers live, as DLPack names a device ``(type, ordinal)``.
+
+        Raises :class:`~accy_async.errors.UnsupportedOperation` on a backend
+        whose buffers no other library can read (the recording backend).
+        """
+        raise UnsupportedOperation(f"the {self.kind} backend's buffers are not real memory")
 
     @property
     @abc.abstractmethod
@@ -526,9 +607,7 @@ class Backend(abc.ABC):
         return {
             object_id: obj.kind
             for object_id, obj in self._live.items()
-            if not (
-                owned_only and isinstance(obj, BufferHandle) and obj.ownership is Ownership.EXTERNAL
-            )
+            if not (owned_only and _external(obj))
         }
 
     def owns(self, obj: DeviceObject) -> bool:
@@ -609,7 +688,7 @@ class Backend(abc.ABC):
         data: bytes | bytearray | memoryview,
         *,
         offset: int = 0,
-        stream: StreamHandle | None = None,
+        stream: StreamLike | None = None,
     ) -> None:
         """Enqueue a copy of ``data`` into ``buffer`` at ``offset``.
 
@@ -629,7 +708,7 @@ class Backend(abc.ABC):
         *,
         source_offset: int = 0,
         destination_offset: int = 0,
-        stream: StreamHandle | None = None,
+        stream: StreamLike | None = None,
     ) -> None:
         """Enqueue a device-side copy of ``byte_size`` bytes (all of ``source`` by default).
 
@@ -660,7 +739,7 @@ class Backend(abc.ABC):
         *,
         offset: int = 0,
         byte_size: int | None = None,
-        stream: StreamHandle | None = None,
+        stream: StreamLike | None = None,
     ) -> PendingRead:
         """Enqueue a copy of ``buffer``'s bytes to the host; await it, then take ``result()``."""
         self._check_usable()
@@ -669,7 +748,7 @@ class Backend(abc.ABC):
         return self._enqueue_read(buffer, offset, size, self._stream(stream))
 
     def fill_buffer(
-        self, buffer: BufferHandle, pattern: int, *, stream: StreamHandle | None = None
+        self, buffer: BufferHandle, pattern: int, *, stream: StreamLike | None = None
     ) -> None:
         """Enqueue filling ``buffer`` with the 32-bit ``pattern``, repeated.
 
@@ -732,6 +811,35 @@ class Backend(abc.ABC):
         self._live[object_id] = stream
         return stream
 
+    def adopt_stream(self, stream: StreamLike) -> StreamHandle:
+        """Another library's stream as a :class:`StreamHandle` of this backend, not owned.
+
+        ``stream`` is anything :data:`StreamLike` names; a handle of this
+        backend comes back as it is. The same raw stream gives the same handle
+        each time, so its forecast carries over. The backend never destroys
+        the stream itself (destroying the handle only forgets it) and closing
+        the backend does not warn about it. Every function that takes a
+        stream adopts it this way, so ``stream=torch.cuda.current_stream()``
+        works anywhere. Raises :class:`InvalidBuffer` for something that is
+        not a stream or is another device's, and
+        :class:`~accy_async.errors.UnsupportedOperation` on backends without
+        CUDA streams (the CPU backend).
+        """
+        if type(stream) is StreamHandle:
+            return self._stream(stream)
+        self._check_usable()
+        raw = raw_stream_handle(stream)
+        adopted = self._adopted.get(raw)
+        if adopted is not None:
+            return adopted
+        object_id = next(self._ids)
+        handle = StreamHandle(
+            self.backend_id, object_id, self._adopt_stream(object_id, raw), external=True
+        )
+        self._live[object_id] = handle
+        self._adopted[raw] = handle
+        return handle
+
     def create_event(self, *, timing: bool = False) -> EventHandle:
         """A new event. Never recorded, it counts as complete.
 
@@ -762,29 +870,29 @@ class Backend(abc.ABC):
                 raise UnsupportedOperation(f"{event!r} has not completed")
         return self._elapsed(start, end)
 
-    def record_event(self, event: EventHandle, stream: StreamHandle | None = None) -> None:
+    def record_event(self, event: EventHandle, stream: StreamLike | None = None) -> None:
         """Record ``event`` on ``stream``: it completes when the work enqueued before has."""
         self._check_usable()
         self._check_live(event)
         self._record(event, self._stream(stream))
 
-    def wait_event(self, stream: StreamHandle | None, event: EventHandle) -> None:
+    def wait_event(self, stream: StreamLike | None, event: EventHandle) -> None:
         """Make ``stream`` wait, on the device, for ``event``'s latest record."""
         self._check_usable()
         self._check_live(event)
         self._wait(self._stream(stream), event)
 
-    def follow_foreign_stream(self, stream: StreamHandle | None, foreign: int) -> None:
+    def follow_foreign_stream(self, stream: StreamLike | None, foreign: StreamLike) -> None:
         """Make ``stream`` wait, on the device, for the work queued so far on ``foreign``.
 
-        ``foreign`` is a raw stream handle this backend does not own (another
-        library's: PyTorch's, CuPy's; 1 and 2 are CUDA's legacy and per-thread
-        default streams). Nothing waits on the host. Only backends with such
+        ``foreign`` is a stream this backend does not own (another library's:
+        PyTorch's, CuPy's, as an object or a raw handle; 1 and 2 are CUDA's
+        legacy and per-thread default streams). Nothing waits on the host. Only backends with such
         streams (CUDA) support it.
         """
         raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
 
-    def lead_foreign_stream(self, foreign: int, stream: StreamHandle | None) -> None:
+    def lead_foreign_stream(self, foreign: StreamLike, stream: StreamLike | None) -> None:
         """Make the raw stream ``foreign`` wait, on the device, for the work queued on ``stream``.
 
         See :meth:`follow_foreign_stream`.
@@ -802,7 +910,7 @@ class Backend(abc.ABC):
         block: tuple[int, int, int],
         *,
         shared_memory_bytes: int = 0,
-        stream: StreamHandle | None = None,
+        stream: StreamLike | None = None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
         diagnostic_id: str | None = None,
@@ -898,7 +1006,7 @@ class Backend(abc.ABC):
             self._raise_unusable()
         return self._query_event(event)
 
-    def query_stream(self, stream: StreamHandle | None = None) -> bool:
+    def query_stream(self, stream: StreamLike | None = None) -> bool:
         """Whether all work enqueued on ``stream`` has completed; never blocks."""
         if self._unusable is not None:
             self._raise_unusable()
@@ -929,7 +1037,7 @@ class Backend(abc.ABC):
         return None
 
     def notify_when_stream_complete(
-        self, stream: StreamHandle | None, callback: CompletionCallback
+        self, stream: StreamLike | None, callback: CompletionCallback
     ) -> CompletionRegistration:
         """Call ``callback`` once the work enqueued on ``stream`` so far has completed.
 
@@ -940,7 +1048,7 @@ class Backend(abc.ABC):
             self._raise_unusable()
         return self._notify_when_stream_complete(self._stream(stream), callback)
 
-    def mark_stream(self, stream: StreamHandle | None) -> StreamMark | None:
+    def mark_stream(self, stream: StreamLike | None) -> StreamMark | None:
         """The work enqueued on ``stream`` so far, as a point a waiter can watch itself.
 
         :func:`accy_async.waiting.wait_stream` uses it, where a backend offers
@@ -974,8 +1082,13 @@ class Backend(abc.ABC):
             self._live_bytes -= obj.byte_size
             if obj.ownership is Ownership.EXTERNAL:
                 return
-        if isinstance(obj, StreamHandle) and obj is self.default_stream:
-            raise InvalidBuffer("the default stream cannot be destroyed")
+        if isinstance(obj, StreamHandle):
+            if obj is self.default_stream:
+                raise InvalidBuffer("the default stream cannot be destroyed")
+            if obj.external:
+                self._adopted.pop(raw_stream_handle(obj), None)
+                self._forget_stream(obj)
+                return
         self._destroy(obj)
 
     def destroy_all(self, objects: Iterable[DeviceObject]) -> None:
@@ -991,7 +1104,7 @@ class Backend(abc.ABC):
     def defer_destroy(
         self,
         objects: Sequence[DeviceObject],
-        after: StreamHandle | Sequence[StreamHandle | None] | None = None,
+        after: StreamLike | Sequence[StreamLike | None] | None = None,
     ) -> None:
         """Destroy ``objects`` once the work now queued on the ``after`` stream(s) completes.
 
@@ -1024,6 +1137,19 @@ class Backend(abc.ABC):
             self._notify_when_stream_complete(stream, on_complete)
         self.collect_deferred()  # streams that were idle already
 
+    def release_from_any_thread(
+        self, objects: Sequence[DeviceObject], after: StreamHandle | None = None
+    ) -> None:
+        """:meth:`defer_destroy` for code that may run on any thread (a finalizer).
+
+        Nothing is destroyed or enqueued here: the objects are handed to the
+        next call on this backend that collects deferred releases (a launch,
+        an allocation, :meth:`aclose`), which defers them after ``after``
+        (the default stream if ``after`` is gone by then).
+        """
+        self._orphans.append((list(objects), after))
+        self._deferred_ready.append(_ORPHANS_TOKEN)
+
     def collect_deferred(self) -> None:
         """Destroy the deferred objects whose work has completed."""
         if not self._deferred_ready:
@@ -1031,6 +1157,11 @@ class Backend(abc.ABC):
         ready_ids = set()
         while self._deferred_ready:
             ready_ids.add(self._deferred_ready.popleft())
+        if _ORPHANS_TOKEN in ready_ids:
+            while self._orphans:
+                orphans, stream = self._orphans.popleft()
+                live = [obj for obj in orphans if self._live.get(obj.id) is obj]
+                self.defer_destroy(live, after=stream if stream and self.owns(stream) else None)
         with self._deferred_lock:
             done = [entry for entry in self._deferred if entry[0] in ready_ids]
             self._deferred = [entry for entry in self._deferred if entry[0] not in ready_ids]
@@ -1060,15 +1191,14 @@ class Backend(abc.ABC):
                 self._unusable = BackendClosed(f"the {self.kind} backend is closed")
             with self._deferred_lock:
                 deferred, self._deferred = self._deferred, []
+            while self._orphans:
+                orphans, _ = self._orphans.popleft()
+                deferred.append((-1, [obj for obj in orphans if self._live.get(obj.id) is obj]))
             for _, objects in deferred:
                 self.destroy_all(objects)
             leaked = [obj for obj in self._live.values() if obj is not self.default_stream]
             if leaked:
-                owned = [
-                    obj
-                    for obj in leaked
-                    if not (isinstance(obj, BufferHandle) and obj.ownership is Ownership.EXTERNAL)
-                ]
+                owned = [obj for obj in leaked if not _external(obj)]
                 if owned:
                     message = (
                         f"accy-async: {len(owned)} objects were still alive when the "
@@ -1125,9 +1255,11 @@ class Backend(abc.ABC):
             ) from error
         raise BackendClosed(error.message)
 
-    def _stream(self, stream: StreamHandle | None) -> StreamHandle:
+    def _stream(self, stream: StreamLike | None) -> StreamHandle:
         if stream is None:
             return self.default_stream
+        if type(stream) is not StreamHandle:
+            return self.adopt_stream(stream)
         if self._live.get(stream.id) is not stream and stream is not self.default_stream:
             raise InvalidBuffer(f"{stream!r} is not a live stream of this backend")
         return stream
@@ -1184,6 +1316,17 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def _create_stream(self, object_id: int) -> Any: ...
+
+    def _adopt_stream(self, object_id: int, raw: int) -> Any:
+        """The native form of another library's raw stream ``raw`` (default: none taken)."""
+        del object_id, raw
+        raise UnsupportedOperation(
+            f"the {self.kind} backend runs its own streams; it cannot use another library's"
+        )
+
+    def _forget_stream(self, stream: StreamHandle) -> None:
+        """Drop what the backend kept about an adopted stream (default: nothing)."""
+        del stream
 
     @abc.abstractmethod
     def _create_event(self, object_id: int, timing: bool) -> Any: ...
@@ -1248,3 +1391,10 @@ class Backend(abc.ABC):
         """The address a kernel sees for a buffer's ``native`` object (0 if none)."""
         del native
         return 0
+
+
+def _external(obj: DeviceObject) -> bool:
+    """Whether ``obj`` belongs to someone else: an external buffer or an adopted stream."""
+    if isinstance(obj, BufferHandle):
+        return obj.ownership is Ownership.EXTERNAL
+    return isinstance(obj, StreamHandle) and obj.external

@@ -253,6 +253,11 @@ class CpuBackend(Backend):
         worker: _Worker = stream.native
         return worker
 
+    @property
+    def dlpack_device(self) -> tuple[int, int]:
+        """Host memory: DLPack's ``(kDLCPU, 0)``."""
+        return (1, 0)
+
     def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
         # Linux grants any size (overcommit) and kills the process when it is touched: a
         # large request is checked against what the machine has (reading that costs 15 us).

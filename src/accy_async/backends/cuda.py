@@ -63,8 +63,10 @@ from .base import (
     PendingRead,
     StageLauncher,
     StreamHandle,
+    StreamLike,
     StreamMark,
     WaitPolicy,
+    raw_stream_handle,
 )
 from .compile_pool import CompilePool, shared_compile_pool
 from .cuda_driver import driver, initialised_driver, probe_cuda, translate
@@ -82,6 +84,9 @@ _SCALAR_CODES: Final = {
     "i64": "q",
     "f64": "d",
 }
+_PER_THREAD_STREAM: Final = 2
+"""CU_STREAM_PER_THREAD; 0 and 1 are the NULL and legacy streams: handles of no context."""
+
 _STAGING_POOL_BYTES: Final = 256 * 1024 * 1024
 _MIN_STAGING: Final = 4096
 
@@ -378,6 +383,7 @@ class CudaBackend(Backend):
         }
         d = initialised_driver()
         self._device = self._value(d.cuDeviceGet(device), f"opening device {device}")
+        self._ordinal = device
         raw = self._value(d.cuDeviceGetName(256, self._device), "reading the device name")
         self._name = raw.split(b"\0", 1)[0].decode(errors="replace")
         attribute = d.CUdevice_attribute
@@ -492,6 +498,11 @@ class CudaBackend(Backend):
         """The device's name and compute capability."""
         major, minor = self._compute_capability
         return f"{self._name} (sm_{major}{minor})"
+
+    @property
+    def dlpack_device(self) -> tuple[int, int]:
+        """DLPack's ``(kDLCUDA, the device's ordinal)``."""
+        return (2, self._ordinal)
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -708,6 +719,26 @@ class CudaBackend(Backend):
         self._ledgers[object_id] = Ledger(self._forecast)
         return native
 
+    def _adopt_stream(self, object_id: int, raw: int) -> Any:
+        d = driver()
+        if raw < 0:
+            raise InvalidBuffer(f"a raw stream handle is not negative, got {raw}", path="$.stream")
+        native = d.CUstream(raw)
+        if raw > _PER_THREAD_STREAM:  # a created stream: it must be this backend's device's
+            result, context = d.cuStreamGetCtx(native)
+            if result != self._success:
+                raise InvalidBuffer(f"0x{raw:x} is not a live CUDA stream", path="$.stream")
+            if int(context) != int(self._context):
+                raise InvalidBuffer(
+                    f"stream 0x{raw:x} belongs to another CUDA context (another device?)",
+                    path="$.stream",
+                )
+        self._ledgers[object_id] = Ledger(self._forecast)
+        return native
+
+    def _forget_stream(self, stream: StreamHandle) -> None:
+        self._ledgers.pop(stream.id, None)
+
     def _create_event(self, object_id: int, timing: bool) -> Any:
         d = driver()
         flags = d.CUevent_flags.CU_EVENT_DEFAULT if timing else self._event_flags
@@ -734,23 +765,24 @@ class CudaBackend(Backend):
             return None
         return record.ledger.anticipate(record.position)
 
-    def follow_foreign_stream(self, stream: StreamHandle | None, foreign: int) -> None:
+    def follow_foreign_stream(self, stream: StreamLike | None, foreign: StreamLike) -> None:
         """Make ``stream`` wait, on the device, for the work queued so far on ``foreign``."""
         self._check_usable()
         ours = self._stream(stream)
         self._order(self._foreign(foreign), ours.native)
         self._ledger(ours).lose_track()  # when the foreign work ends is not known here
 
-    def lead_foreign_stream(self, foreign: int, stream: StreamHandle | None) -> None:
+    def lead_foreign_stream(self, foreign: StreamLike, stream: StreamLike | None) -> None:
         """Make the raw stream ``foreign`` wait, on the device, for what is queued on ``stream``."""
         self._check_usable()
         self._order(self._stream(stream).native, self._foreign(foreign))
 
     @staticmethod
-    def _foreign(foreign: int) -> Any:
-        if type(foreign) is not int or foreign < 0:
-            raise InvalidBuffer(f"a foreign stream is a raw handle (an int), got {foreign!r}")
-        return driver().CUstream(foreign)
+    def _foreign(foreign: StreamLike) -> Any:
+        raw = raw_stream_handle(foreign)
+        if raw < 0:
+            raise InvalidBuffer(f"a raw stream handle is not negative, got {raw}", path="$.stream")
+        return driver().CUstream(raw)
 
     def _order(self, first: Any, then: Any) -> None:
         """``then`` waits for what is queued on ``first`` so far (a pooled marker between)."""

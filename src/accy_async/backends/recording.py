@@ -422,6 +422,15 @@ class RecordingBackend(Backend):
         self._unfinished[object_id] = []
         return None
 
+    def _adopt_stream(self, object_id: int, raw: int) -> Any:
+        """Another library's stream, as CUDA takes one: the raw handle is the native."""
+        self._unfinished[object_id] = []
+        return raw
+
+    def _forget_stream(self, stream: StreamHandle) -> None:
+        if not self._unfinished.get(stream.id):
+            self._unfinished.pop(stream.id, None)
+
     def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
         """Wall-clock seconds between the two records' completion (no device runs here)."""
         return self._events[end.id].completed_at - self._events[start.id].completed_at

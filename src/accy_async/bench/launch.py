@@ -49,7 +49,8 @@ async def _paired_us(
                 raw_batch()
             else:
                 await accy_batch()
-            elapsed = (time.perf_counter() - start) / launches_per_batch * 1e6
+            launches = BATCH if which == "raw" else launches_per_batch
+            elapsed = (time.perf_counter() - start) / launches * 1e6
             gc.enable()
             await sync()
             if round_index:  # the first round warms up
@@ -269,6 +270,48 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             raw, pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3
         )
 
+        def fresh(plan: p.KernelCallPipeline, plan_pool: Any) -> PipelineLaunch:
+            return PipelineLaunch(
+                pipeline=plan,
+                registry=registry,
+                format=p.ArtifactFormat.CUDA_SOURCE,
+                operands=(b.bind("read_only"),),
+                results=(a.bind(),),
+                runtime_scalar_arguments=arguments,
+                intermediates=scratch if plan.intermediates else (),
+                artifacts=plan_pool,
+                stream=stream,
+            )
+
+        async def fresh_pipelines() -> None:
+            for _ in range(BATCH // 3):
+                await launch_pipeline(backend, fresh(pipeline, pool))
+
+        rows[
+            "accy await launch_pipeline, fresh request each call, per stage (3 stages)"
+        ] = await _paired_us(raw, fresh_pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3)
+        one_stage = p.KernelCallPipeline(
+            target="bench.one_stage",
+            version=1,
+            operand_count=1,
+            result_count=1,
+            runtime_scalar_argument_count=1,
+            stages=(pipeline.stages[2],),
+        )
+        one_pool = await load_pipeline_artifacts(
+            backend, one_stage, registry, p.ArtifactFormat.CUDA_SOURCE
+        )
+
+        async def fresh_single() -> None:
+            for _ in range(BATCH):
+                await launch_pipeline(backend, fresh(one_stage, one_pool))
+
+        rows["accy await launch_pipeline, fresh request each call, 1 stage"] = await _paired_us(
+            raw, fresh_single, sync, repeat
+        )
+        rows.update(await _high_level_rows(backend, one_stage, registry, raw, sync, repeat))
+        await one_pool.aclose()
+
         planned = p.PlannedKernel(
             kernel_id=1,
             work_item_id=1,
@@ -296,4 +339,59 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
         await pool.aclose()
         await scratch.aclose()
         backend.destroy_all([loaded, a, b, stream])
+    return rows
+
+
+async def _high_level_rows(
+    backend: Any,
+    pipeline: Any,
+    registry: Any,
+    raw: Callable[[], None],
+    sync: Callable[[], Awaitable[None]],
+    repeat: int,
+) -> dict[str, Any]:
+    """``open_pipeline``'s call on CuPy arrays, 1 stage: enqueue only, and until complete."""
+    from .. import plan as p
+    from ..call import open_pipeline
+    from ..waiting import wait_stream
+
+    rows: dict[str, Any] = {}
+    try:
+        import cupy
+    except ImportError as exc:
+        rows["accy high-level call (CuPy in and out), enqueue, 1 stage"] = f"unavailable: {exc}"
+        return rows
+    shape = p.PipelineBuffer(name="x", dtype=p.DType.F32, extent=p.Fixed(256))
+    document = p.PipelineDocument(
+        pipeline=pipeline,
+        registry=registry,
+        operands=(shape,),
+        results=(p.PipelineBuffer(name="y", dtype=p.DType.F32, extent=p.Fixed(256)),),
+        runtime_scalar_names=("n",),
+    )
+    x = cupy.zeros(256, dtype=cupy.float32)
+    y = cupy.zeros(256, dtype=cupy.float32)
+    consumer = cupy.cuda.Stream(non_blocking=True)
+    async with open_pipeline(document, backend=backend, max_lanes=1) as call:
+        with consumer:
+
+            async def enqueue() -> None:
+                for _ in range(BATCH):
+                    await call(x, out=y, n=0)
+
+            async def until_complete() -> None:
+                for _ in range(BATCH // 8):
+                    await call(x, out=y, n=0)
+                    await wait_stream(backend, consumer.ptr)
+
+            async def sync_all() -> None:
+                await sync()
+                consumer.synchronize()
+
+            rows["accy high-level call (CuPy in and out), enqueue, 1 stage"] = await _paired_us(
+                raw, enqueue, sync_all, repeat
+            )
+            rows[
+                "accy high-level call (CuPy), enqueue + await completion, 1 stage"
+            ] = await _paired_us(raw, until_complete, sync_all, repeat, BATCH // 8)
     return rows
