@@ -1191,11 +1191,11 @@ class Backend(abc.ABC):
                 self._unusable = BackendClosed(f"the {self.kind} backend is closed")
             with self._deferred_lock:
                 deferred, self._deferred = self._deferred, []
+            for _, objects in deferred:
+                self.destroy_all(objects)  # may drop the last reference to an owned view
             while self._orphans:
                 orphans, _ = self._orphans.popleft()
-                deferred.append((-1, [obj for obj in orphans if self._live.get(obj.id) is obj]))
-            for _, objects in deferred:
-                self.destroy_all(objects)
+                self.destroy_all([obj for obj in orphans if self._live.get(obj.id) is obj])
             leaked = [obj for obj in self._live.values() if obj is not self.default_stream]
             if leaked:
                 owned = [obj for obj in leaked if not _external(obj)]

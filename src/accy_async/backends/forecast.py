@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 __all__ = [
@@ -85,6 +85,8 @@ _LEDGER_TRIM_AT: Final = 512
 """A ledger this long drops the items predicted to have ended long ago."""
 
 _LEDGER_LIMIT: Final = 4096
+_TRIM_PIECE: Final = 64
+"""Items a trim looks at together: the ledger is dropped in pieces this long at most."""
 """A ledger never holds more; beyond it the oldest half is forgotten."""
 
 _LEARN_FROM_AT_MOST: Final = 64
@@ -598,7 +600,9 @@ class Ledger:
         now = time.perf_counter()
         end = self.start
         keep_from = 0
-        for burst in _bursts(self.items):
+        # In pieces, looked at lazily: a stream fed without pause is one long burst, and
+        # the scan stops at the first piece not yet over (O(what is dropped), not O(ledger)).
+        for burst in _iter_bursts(self.items, _TRIM_PIECE):
             finished = None if burst[0][0] is None else self.forecast.finish(burst, end)
             if finished is None:
                 break
@@ -628,23 +632,26 @@ _UNKNOWABLE: Final = _Unseen(Forecast())
 
 def _bursts(items: Sequence[Item]) -> list[list[Item]]:
     """Group items enqueued right after one another; each device-side wait stands alone."""
-    bursts: list[list[Item]] = []
+    return list(_iter_bursts(items))
+
+
+def _iter_bursts(items: Sequence[Item], longest: float = math.inf) -> Iterator[list[Item]]:
+    """:func:`_bursts` one at a time, each cut after ``longest`` items."""
     current: list[Item] = []
     last_enqueued = -math.inf
     for item in items:
         model, _, enqueued_at = item
         if model is None:
             if current:
-                bursts.append(current)
+                yield current
                 current = []
-            bursts.append([item])
+            yield [item]
             last_enqueued = -math.inf
             continue
-        if current and enqueued_at - last_enqueued > BURST_GAP:
-            bursts.append(current)
+        if current and (enqueued_at - last_enqueued > BURST_GAP or len(current) >= longest):
+            yield current
             current = []
         current.append(item)
         last_enqueued = enqueued_at
     if current:
-        bursts.append(current)
-    return bursts
+        yield current

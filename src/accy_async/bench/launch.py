@@ -369,6 +369,7 @@ async def _high_level_rows(
         results=(p.PipelineBuffer(name="y", dtype=p.DType.F32, extent=p.Fixed(256)),),
         runtime_scalar_names=("n",),
     )
+    n = p.U32(0)
     x = cupy.zeros(256, dtype=cupy.float32)
     y = cupy.zeros(256, dtype=cupy.float32)
     consumer = cupy.cuda.Stream(non_blocking=True)
@@ -377,11 +378,11 @@ async def _high_level_rows(
 
             async def enqueue() -> None:
                 for _ in range(BATCH):
-                    await call(x, out=y, n=0)
+                    await call(x, out=y, n=n)
 
             async def until_complete() -> None:
                 for _ in range(BATCH // 8):
-                    await call(x, out=y, n=0)
+                    await call(x, out=y, n=n)
                     await wait_stream(backend, consumer.ptr)
 
             async def sync_all() -> None:
