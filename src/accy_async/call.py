@@ -33,7 +33,7 @@ from typing import Any, Final
 import anyio
 import numpy as np
 
-from ._loops import checkpoint
+from ._loops import admit, checkpoint
 from .arrays import ArrayView
 from .backends.base import Backend, BufferBinding, BufferHandle, StreamHandle
 from .buffers import download
@@ -44,10 +44,9 @@ from .library import load_builtin
 from .pipeline import (
     PipelineArtifactPool,
     PipelineIntermediates,
-    PipelineLaunch,
     allocate_pipeline_intermediates,
+    enqueue_checked,
     intermediate_byte_size,
-    launch_pipeline,
     load_pipeline_artifacts,
 )
 from .plan import (
@@ -102,20 +101,44 @@ def open_pipeline(
     return PipelineCall(document, backend, format, max_lanes)
 
 
+_LEASES_HELD: Final = 64
+"""Leases a lane keeps past their calls (ended in one go) before it hands them to the backend."""
+
+
 @dataclass(eq=False)
 class _Lane:
-    """One call's stream, scratch and (off the CPU) device copies of the arrays."""
+    """One call's stream, scratch and (off the CPU) device copies of the arrays.
+
+    ``leases`` are the buffers over the callers' arrays of earlier calls on
+    the lane: they end when a later call finds the stream idle (one query),
+    or, past :data:`_LEASES_HELD`, once the backend sees the stream idle. No
+    call pays for a completion watch of its own.
+    """
 
     stream: StreamHandle
     scratch: PipelineIntermediates | None = None
     buffers: dict[tuple[str, int], BufferHandle] = field(default_factory=dict)
+    leases: list[BufferHandle] = field(default_factory=list)
 
     def objects(self) -> list[Any]:
-        """What the lane owns but its stream: scratch buffers and device copies."""
+        """What the lane owns but its stream: scratch buffers, device copies and leases."""
         scratch = [] if self.scratch is None else [b.handle for b in self.scratch]
         if self.scratch is not None:
             self.scratch.closed = True  # its buffers are released with the lane's
-        return [*scratch, *self.buffers.values()]
+        leases, self.leases = self.leases, []
+        return [*scratch, *self.buffers.values(), *leases]
+
+    def end_leases(self, backend: Backend) -> None:
+        """End the leases of earlier calls if the stream is idle (or hand them on, if many)."""
+        leases = self.leases
+        if not leases:
+            return
+        if backend.query_stream(self.stream):
+            self.leases = []
+            backend.destroy_all(leases)
+        elif len(leases) >= _LEASES_HELD:
+            self.leases = []
+            backend.defer_destroy(leases, after=self.stream)
 
 
 class PipelineCall:
@@ -389,40 +412,21 @@ class PipelineCall:
             self._retired_streams.append(lane.stream)
         self.backend.defer_destroy(objects, after=lane.stream)
 
-    async def _launch_once(self, request: PipelineLaunch) -> None:
-        """Launch a request made for one call, which the pool need not remember."""
-        assert self._pool is not None
-        if self._closed_now():
-            raise LaunchArgumentMismatch(_CLOSED_BEFORE)
-        try:
-            await launch_pipeline(self.backend, request)
-        except LaunchArgumentMismatch as error:
-            if self._closed_now() and error.path == "$.artifacts":  # closed as it was admitted
-                raise LaunchArgumentMismatch(_CLOSED_BEFORE) from error
-            raise
-        finally:
-            # The pool keeps launched requests to relaunch them cheaply; this one will not
-            # come again, and on the CPU it holds the caller's arrays.
-            self._pool.memos.pop(id(request), None)
-
-    # ----- running ----------------------------------------------------------------------
-
-    def _launch(
+    async def _enqueue(
         self,
         lane: _Lane,
         operands: Sequence[BufferBinding],
         results: Sequence[BufferBinding],
         arguments: tuple[ScalarArgument, ...],
-    ) -> PipelineLaunch:
-        return PipelineLaunch.of(
-            self.document,
-            operands=tuple(operands),
-            results=tuple(results),
-            runtime_scalar_arguments=arguments,
-            intermediates=lane.scratch,
-            artifacts=self._pool,
-            stream=lane.stream,
-        )
+    ) -> None:
+        """The checkpoint, then the stages on the lane (everything was checked before)."""
+        assert self._pool is not None
+        await admit()
+        if self._closed_now():
+            raise LaunchArgumentMismatch(_CLOSED_BEFORE)
+        enqueue_checked(self._pool, operands, results, lane.scratch, arguments, lane.stream)
+
+    # ----- running ----------------------------------------------------------------------
 
     async def _run_in_place(
         self,
@@ -439,13 +443,12 @@ class PipelineCall:
                 native = array.reshape(-1).view(np.uint8)
                 handles.append(backend.register_external_buffer(native, native.size))
             count = len(arrays)
-            request = self._launch(
+            await self._enqueue(
                 lane,
                 [handle.bind("read_only") for handle in handles[:count]],
                 [handle.bind() for handle in handles[count:]],
                 arguments,
             )
-            await self._launch_once(request)
             await wait_stream(backend, lane.stream)
         except BaseException:
             self._retire(lane, handles)  # the arrays stay referenced until the work is done
@@ -463,6 +466,7 @@ class PipelineCall:
         backend = self.backend
         leases: list[BufferHandle] = []
         try:
+            lane.end_leases(backend)
             for foreign in _streams((*arrays, *results)):  # results' memory may be in use there
                 backend.follow_foreign_stream(lane.stream, foreign)
             bindings = []
@@ -482,8 +486,7 @@ class PipelineCall:
                             backend.write_buffer(handle, data, stream=lane.stream)
                     bindings.append(handle.bind(access, byte_size=size))  # type: ignore[arg-type]
             count = len(arrays)
-            request = self._launch(lane, bindings[:count], bindings[count:], arguments)
-            await self._launch_once(request)
+            await self._enqueue(lane, bindings[:count], bindings[count:], arguments)
             for foreign in _streams(results):
                 backend.lead_foreign_stream(foreign, lane.stream)
             for item in results:
@@ -503,8 +506,7 @@ class PipelineCall:
         except BaseException:
             self._retire(lane, leases)  # the leases hold the arrays until the work is done
             raise
-        if leases:
-            backend.defer_destroy(leases, after=lane.stream)
+        lane.leases.extend(leases)
 
 
 def _streams(items: Sequence[_Array]) -> list[int]:

@@ -78,6 +78,7 @@ __all__ = [
     "PoolEntry",
     "allocate_pipeline_intermediates",
     "choose_format",
+    "enqueue_checked",
     "intermediate_byte_size",
     "launch_pipeline",
     "load_pipeline_artifacts",
@@ -669,6 +670,45 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         await release_when_idle(backend, owned, [stream])
         raise
     backend.destroy_all(owned)
+
+
+def enqueue_checked(
+    pool: PipelineArtifactPool,
+    operands: Sequence[BufferBinding],
+    results: Sequence[BufferBinding],
+    intermediates: PipelineIntermediates | None,
+    arguments: Sequence[ScalarArgument],
+    stream: StreamHandle,
+) -> None:
+    """Enqueue every stage of ``pool``'s pipeline: :func:`launch_pipeline` without its checks.
+
+    Not a checkpoint, and it checks only that the pool and scratch are open:
+    for callers that have checked the rest (counts, sizes, liveness of the
+    buffers and stream, the scalars typed by the plan) as the high-level call
+    does before each launch. What the scalars resolve to is cached per
+    pipeline, as for every launch.
+    """
+    if pool.closed:
+        raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
+    if intermediates is not None and intermediates.closed:
+        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
+    program = _program(pool.pipeline, pool.registry, pool.format)
+    resolved = _resolve(program, arguments)
+    pool.streams_used.add(stream)
+    if intermediates is not None:
+        intermediates.streams_used.add(stream)
+    sources = (operands, results, intermediates or ())
+    for launcher, refs, stage_scalars, (grid, block, shared) in zip(
+        pool.launchers, program.refs, resolved.stage_scalars, resolved.geometry, strict=True
+    ):
+        launcher(
+            [sources[source][index] for source, index in refs],
+            stage_scalars,
+            grid,
+            block,
+            shared,
+            stream,
+        )
 
 
 def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool:

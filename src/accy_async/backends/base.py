@@ -1165,8 +1165,8 @@ class Backend(abc.ABC):
         with self._deferred_lock:
             done = [entry for entry in self._deferred if entry[0] in ready_ids]
             self._deferred = [entry for entry in self._deferred if entry[0] not in ready_ids]
-        for _, objects in done:
-            self.destroy_all(objects)
+        while done:
+            self.destroy_all(done.pop()[1])
 
     @property
     def deferred_count(self) -> int:
@@ -1191,8 +1191,8 @@ class Backend(abc.ABC):
                 self._unusable = BackendClosed(f"the {self.kind} backend is closed")
             with self._deferred_lock:
                 deferred, self._deferred = self._deferred, []
-            for _, objects in deferred:
-                self.destroy_all(objects)  # may drop the last reference to an owned view
+            while deferred:  # popped, so nothing here keeps them referenced after
+                self.destroy_all(deferred.pop()[1])  # may drop an owned view's last reference
             while self._orphans:
                 orphans, _ = self._orphans.popleft()
                 self.destroy_all([obj for obj in orphans if self._live.get(obj.id) is obj])
