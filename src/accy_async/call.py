@@ -70,6 +70,9 @@ Arrays = Any
 _Array = np.ndarray[Any, Any] | DeviceArray
 """An operand or result as checked: a NumPy array, or another library's device array."""
 
+_RESOLUTIONS_KEPT: Final = 256
+"""Distinct scalar values whose typing and sizes a call remembers (the oldest goes first)."""
+
 _CLOSED_BEFORE: Final = "the pipeline call was closed before this one ran"
 
 
@@ -109,16 +112,25 @@ _LEASES_HELD: Final = 64
 class _Lane:
     """One call's stream, scratch and (off the CPU) device copies of the arrays.
 
-    ``leases`` are the buffers over the callers' arrays of earlier calls on
-    the lane: they end when a later call finds the stream idle (one query),
-    or, past :data:`_LEASES_HELD`, once the backend sees the stream idle. No
-    call pays for a completion watch of its own.
+    ``where`` is the stream the lane's last call ran on: its own ``stream``,
+    or the caller's when all the call's arrays came from one stream. A call on
+    another stream than the last orders itself after it (the scratch is
+    shared). ``leases`` are the buffers over the callers' arrays of earlier
+    calls: they end when a later call finds ``where`` idle (one query), or,
+    past :data:`_LEASES_HELD`, once the backend sees it idle. No call pays
+    for a completion watch of its own.
     """
 
     stream: StreamHandle
     scratch: PipelineIntermediates | None = None
     buffers: dict[tuple[str, int], BufferHandle] = field(default_factory=dict)
     leases: list[BufferHandle] = field(default_factory=list)
+    where: StreamHandle | None = None
+
+    def streams(self) -> list[StreamHandle]:
+        """The streams the lane's work may still run on."""
+        where = self.where
+        return [self.stream] if where is None or where is self.stream else [self.stream, where]
 
     def objects(self) -> list[Any]:
         """What the lane owns but its stream: scratch buffers, device copies and leases."""
@@ -133,12 +145,13 @@ class _Lane:
         leases = self.leases
         if not leases:
             return
-        if backend.query_stream(self.stream):
+        where = self.where or self.stream
+        if backend.query_stream(where):
             self.leases = []
             backend.destroy_all(leases)
         elif len(leases) >= _LEASES_HELD:
             self.leases = []
-            backend.defer_destroy(leases, after=self.stream)
+            backend.defer_destroy(leases, after=where)
 
 
 class PipelineCall:
@@ -164,6 +177,10 @@ class PipelineCall:
             f"arg{index}" for index in range(document.pipeline.runtime_scalar_argument_count)
         )
         self._closed = False
+        self._resolutions: dict[
+            tuple[tuple[type, Any], ...],
+            tuple[tuple[ScalarArgument, ...], tuple[int, ...], tuple[int, ...]],
+        ] = {}
 
     @property
     def closed(self) -> bool:
@@ -197,12 +214,13 @@ class PipelineCall:
         lanes, self._free = self._free, []
         objects = [each for lane in lanes for each in lane.objects()]
         streams = [*(lane.stream for lane in lanes), *self._retired_streams]
+        waited = [*streams, *(each for lane in lanes for each in lane.streams()[1:])]
         self._retired_streams = []
         try:
             if self._pool is not None:
                 await self._pool.aclose()  # waits for every stream it ran on
         finally:
-            await release_when_idle(self.backend, [*objects, *streams], streams)
+            await release_when_idle(self.backend, [*objects, *streams], waited)
 
     async def __call__(
         self,
@@ -316,9 +334,10 @@ class PipelineCall:
                     f"operand {next(iter(lengths))!r} is empty", path="$.operands"
                 )
             values.append(length)
-        arguments = self.document.pipeline.validate_runtime_scalar_arguments(values)
-        for index, (array, shape) in enumerate(zip(arrays, self.document.operands, strict=True)):
-            needed = resolve_quantity(shape.extent, arguments)
+        arguments, needs, _ = self._resolved(values)
+        for index, (array, shape, needed) in enumerate(
+            zip(arrays, self.document.operands, needs, strict=True)
+        ):
             if array.size < needed:
                 raise LaunchArgumentMismatch(
                     f"operand {index} ({shape.name!r}) has {array.size} elements, "
@@ -327,12 +346,36 @@ class PipelineCall:
                 )
         return arguments
 
+    def _resolved(
+        self, values: Sequence[ScalarArgument | int | float]
+    ) -> tuple[tuple[ScalarArgument, ...], tuple[int, ...], tuple[int, ...]]:
+        """The scalars typed, and the elements each operand and result needs: cached by value.
+
+        The key holds each value's type, so ``5`` and ``5.0`` (equal, one hash) are
+        checked apart.
+        """
+        key = tuple([(type(value), value) for value in values])
+        cached = self._resolutions.get(key)
+        if cached is not None:
+            return cached
+        arguments = self.document.pipeline.validate_runtime_scalar_arguments(values)
+        document = self.document
+        cached = (
+            arguments,
+            tuple(resolve_quantity(shape.extent, arguments) for shape in document.operands),
+            tuple(resolve_quantity(shape.extent, arguments) for shape in document.results),
+        )
+        self._resolutions[key] = cached
+        if len(self._resolutions) > _RESOLUTIONS_KEPT:
+            del self._resolutions[next(iter(self._resolutions))]
+        return cached
+
     def _results(
         self, out: Any, arguments: Sequence[ScalarArgument], operands: Sequence[_Array]
     ) -> list[_Array]:
         """Where the results land: ``out``'s arrays (checked), or new ones of the operands' kind."""
         shapes = self.document.results
-        counts = [resolve_quantity(shape.extent, arguments) for shape in shapes]
+        counts = self._resolved(arguments)[2]
         if out is None:
             model = next((each for each in operands if isinstance(each, DeviceArray)), None)
             made: list[_Array] = []
@@ -410,21 +453,23 @@ class PipelineCall:
             objects.append(lane.stream)
         else:
             self._retired_streams.append(lane.stream)
-        self.backend.defer_destroy(objects, after=lane.stream)
+        self.backend.defer_destroy(objects, after=lane.streams())
 
     async def _enqueue(
         self,
         lane: _Lane,
+        stream: StreamHandle,
         operands: Sequence[BufferBinding],
         results: Sequence[BufferBinding],
         arguments: tuple[ScalarArgument, ...],
     ) -> None:
-        """The checkpoint, then the stages on the lane (everything was checked before)."""
+        """The checkpoint, then the stages on ``stream`` (everything was checked before)."""
         assert self._pool is not None
         await admit()
         if self._closed_now():
             raise LaunchArgumentMismatch(_CLOSED_BEFORE)
-        enqueue_checked(self._pool, operands, results, lane.scratch, arguments, lane.stream)
+        enqueue_checked(self._pool, operands, results, lane.scratch, arguments, stream)
+        lane.where = stream
 
     # ----- running ----------------------------------------------------------------------
 
@@ -445,6 +490,7 @@ class PipelineCall:
             count = len(arrays)
             await self._enqueue(
                 lane,
+                lane.stream,
                 [handle.bind("read_only") for handle in handles[:count]],
                 [handle.bind() for handle in handles[count:]],
                 arguments,
@@ -462,13 +508,28 @@ class PipelineCall:
         results: Sequence[_Array],
         arguments: tuple[ScalarArgument, ...],
     ) -> None:
-        """Off the CPU: device arrays in place, NumPy arrays copied in and out."""
+        """Off the CPU: device arrays in place, NumPy arrays copied in and out.
+
+        When every array is a device array from one stream (PyTorch's or CuPy's
+        current stream, as a rule), the stages run on that stream itself, as the
+        library's own operations would: stream order is all the ordering needed.
+        Otherwise they run on the lane's stream, ordered after each producer's
+        stream and before each consumer's by device-side waits.
+        """
         backend = self.backend
         leases: list[BufferHandle] = []
         try:
+            foreigners = _streams((*arrays, *results))  # results' memory may be in use there
+            direct = len(foreigners) == 1 and all(
+                isinstance(item, DeviceArray) for item in (*arrays, *results)
+            )
+            stream = backend.adopt_stream(foreigners[0]) if direct else lane.stream
             lane.end_leases(backend)
-            for foreign in _streams((*arrays, *results)):  # results' memory may be in use there
-                backend.follow_foreign_stream(lane.stream, foreign)
+            if lane.where is not None and lane.where is not stream:
+                backend.follow_foreign_stream(stream, lane.where)  # the scratch was in use there
+            if not direct:
+                for foreign in foreigners:
+                    backend.follow_foreign_stream(stream, foreign)
             bindings = []
             for key, items in (("operand", arrays), ("result", results)):
                 access = "read_only" if key == "operand" else "read_write"
@@ -486,13 +547,14 @@ class PipelineCall:
                             backend.write_buffer(handle, data, stream=lane.stream)
                     bindings.append(handle.bind(access, byte_size=size))  # type: ignore[arg-type]
             count = len(arrays)
-            await self._enqueue(lane, bindings[:count], bindings[count:], arguments)
-            for foreign in _streams(results):
-                backend.lead_foreign_stream(foreign, lane.stream)
+            await self._enqueue(lane, stream, bindings[:count], bindings[count:], arguments)
+            if not direct:
+                for foreign in _streams(results):
+                    backend.lead_foreign_stream(foreign, stream)
             for item in results:
                 owner = item.owner if isinstance(item, DeviceArray) else None
-                if isinstance(owner, ArrayView) and owner.stream is None:  # written on the lane
-                    owner.stream = lane.stream
+                if isinstance(owner, ArrayView) and owner.stream is None:  # written here
+                    owner.stream = stream
             for index, item in enumerate(results):
                 if isinstance(item, np.ndarray):
                     values = await download(
