@@ -15,7 +15,10 @@ CASES = {
     "quickstart.py": ["--backend", "cpu", "-n", "100000"],
     "many_pipelines.py": ["--backend", "cpu", "--count", "1000"],
     "scan_service.py": ["--backend", "cpu", "--self-test", "--clients", "20"],
+    "torch_service.py": ["--backend", "cpu", "--clients", "8", "--requests", "10"],
 }
+NEEDS = {"torch_service.py": "torch"}
+"""Examples of another library's arrays: run where it is installed (the GPU machine)."""
 
 
 def test_every_example_is_covered() -> None:
@@ -24,6 +27,8 @@ def test_every_example_is_covered() -> None:
 
 @pytest.mark.parametrize(("script", "arguments"), CASES.items(), ids=list(CASES))
 def test_example_runs(script: str, arguments: list[str]) -> None:
+    if script in NEEDS:
+        pytest.importorskip(NEEDS[script])
     completed = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *arguments],
         capture_output=True,

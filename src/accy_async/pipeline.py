@@ -127,6 +127,9 @@ class PipelineArtifactPool:
         self.closed = False
         self._accepted: set[tuple[int, ArtifactFormat]] = set()
         self.memos: OrderedDict[int, _Memo] = OrderedDict()
+        """Requests launched more than once, checked and packed for their relaunches."""
+        self.seen: OrderedDict[int, PipelineLaunch] = OrderedDict()
+        """Requests launched once (by id): a second launch packs them into a memo."""
 
     def accept(self, backend: Backend, program: _Program, format: ArtifactFormat) -> None:
         """Check that the pool fits a launch of ``program`` in ``format`` on ``backend``.
@@ -187,6 +190,8 @@ class PipelineIntermediates(Sequence[BufferBinding]):
         self.bindings: tuple[BufferBinding, ...] = tuple(bindings)
         self.streams_used: set[StreamHandle | None] = set()
         self.closed = False
+        self.handle_ids: frozenset[int] = frozenset(id(binding.handle) for binding in bindings)
+        """The buffers' identities, for the check that no operand aliases one."""
 
     @overload
     def __getitem__(self, index: int) -> BufferBinding: ...
@@ -320,11 +325,8 @@ class _Memo:
     """The request's stream, adopted (see :meth:`Backend.adopt_stream`)."""
     sequences: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]]
     bindings: tuple[BufferBinding, ...]
-    stages: (
-        tuple[tuple[StageLauncher, Any, tuple[int, int, int], tuple[int, int, int], int], ...]
-        | None
-    )
-    """Each stage's launcher and packed arguments; ``None`` after the request's first launch."""
+    stages: tuple[tuple[StageLauncher, Any, tuple[int, int, int], tuple[int, int, int], int], ...]
+    """Each stage's launcher and packed arguments."""
     immutable: bool
     """Whether the request's sequences are tuples (or intermediates): they cannot change."""
 
@@ -571,10 +573,11 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     if pool is not None:
         memo = pool.memos.get(id(request))
         if memo is not None and memo.request is request:
-            if memo.stages is None:
-                seen_before = True  # launched once: this time its launches are packed to keep
-            elif _relaunch(backend, pool, memo):
+            if _relaunch(backend, pool, memo):
                 return
+            seen_before = True  # its buffers changed: packed anew below
+        elif pool.seen.get(id(request)) is request:
+            seen_before = True  # launched once: this time its launches are packed to keep
     pipeline = request.pipeline
     fmt = request.format
     if fmt is None:
@@ -627,16 +630,17 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             if seen_before:
                 prepared = launcher.prepare(buffers, stage_scalars)
                 stages.append((launcher, prepared, grid, block, shared))
-        # A request seen for the first time is remembered unpacked (packing costs more than
-        # a launch); launched again, it is packed for its relaunches.
+        # A request seen for the first time is only remembered (packing costs more than a
+        # launch, and most requests come once); launched again, it is packed to relaunch.
+        if not seen_before:
+            pool.seen[id(request)] = request
+            if len(pool.seen) > _MEMO_CAPACITY:
+                pool.seen.popitem(last=False)
+            return
+        pool.seen.pop(id(request), None)
         immutable = all(isinstance(each, tuple | PipelineIntermediates) for each in sources)
         pool.memos[id(request)] = _Memo(
-            request,
-            stream,
-            sources,
-            (*operands, *results, *provided),
-            tuple(stages) if seen_before else None,
-            immutable,
+            request, stream, sources, (*operands, *results, *provided), tuple(stages), immutable
         )
         if len(pool.memos) > _MEMO_CAPACITY:
             pool.memos.popitem(last=False)
@@ -729,7 +733,6 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool
     if isinstance(intermediates, PipelineIntermediates):
         intermediates.streams_used.add(stream)
     pool.streams_used.add(stream)
-    assert memo.stages is not None
     for launcher, prepared, grid, block, shared in memo.stages:
         launcher.launch_prepared(prepared, grid, block, shared, stream)
     return True
@@ -809,10 +812,13 @@ def _check_intermediates(
                 f"intermediate {index} has {binding.byte_size} bytes, the launch needs {size}",
                 path=f"$.intermediates[{index}]",
             )
-    scratch = {id(binding.handle) for binding in provided}
-    others = {id(binding.handle) for binding in request.operands}
-    others.update(id(binding.handle) for binding in request.results)
-    if len(scratch) == len(provided) and scratch.isdisjoint(others):
+    if isinstance(provided, PipelineIntermediates):
+        scratch: frozenset[int] | set[int] = provided.handle_ids
+    else:
+        scratch = {id(binding.handle) for binding in provided}
+    if len(scratch) == len(provided) and not any(
+        id(binding.handle) in scratch for binding in (*request.operands, *request.results)
+    ):
         return
     for index, binding in enumerate(provided):  # find the first alias, to name it
         path = f"$.intermediates[{index}]"
