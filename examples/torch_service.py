@@ -1,9 +1,11 @@
 """An async service over PyTorch tensors: each request's tensor is scanned where it lies.
 
 Every client task makes its tensor on its own PyTorch stream (as a model's output
-would be), hands it to ``await scan(x)`` and gets a tensor back, without a copy and
-without a host synchronisation: the scan runs on the client's stream, after the work
-that made ``x``. The client then awaits that stream with ``accy.wait_stream`` (never
+would be), hands it to ``await scan(x, stream=stream)`` and gets a tensor back, without
+a copy and without a host synchronisation: the scan runs on the client's stream, after
+the work that made ``x``. (PyTorch's "current stream" is one per thread, shared by every
+task of the loop, so async code names its streams instead of relying on it.) The
+client then awaits that stream with ``accy.wait_stream`` (never
 ``torch.cuda.synchronize()``, which would stop every other client) and checks the
 result against ``torch.cumsum``. A heartbeat task on the same loop reports how late it
 ever ran: nothing here blocks the event loop.
@@ -43,9 +45,12 @@ async def client(
         n = int(torch.randint(1, 200_000, (1,), generator=generator))
         values = torch.randint(-1000, 1000, (n,), generator=generator, dtype=torch.int32)
         if on_gpu:
+            # PyTorch's current stream belongs to the thread, which every task shares: set
+            # it only around code with no await inside, and name the stream to the call.
             with torch.cuda.stream(stream):
                 x = values.to("cuda", non_blocking=True)  # made on this client's stream
-                y = await scan(x)  # runs on it too: a tensor back, nothing copied
+            y = await scan(x, stream=stream)  # runs there too: a tensor back, nothing copied
+            with torch.cuda.stream(stream):
                 same = (y == torch.cumsum(x, 0, dtype=torch.int32)).all()  # queued, not read
             await accy.wait_stream(backend, stream)  # the loop stays free meanwhile
             with torch.cuda.stream(stream):

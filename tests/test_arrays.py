@@ -115,3 +115,23 @@ async def test_the_cpu_call_takes_views_in_place() -> None:
         assert await scan(accy.ArrayView(cpu, buffer, np.int32), out=out) is not None
         assert (await accy.download(cpu, result, np.int32))[-1] == 1000
         cpu.destroy_all([buffer, result])
+
+
+def test_a_consumer_that_refuses_a_capsule_keeps_its_error_and_nothing_leaks() -> None:
+    """No capsule destructor runs Python with the consumer's error pending: sweeps stand in."""
+    array = np.arange(4, dtype=np.float32)
+
+    class ClaimsAGpu:
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (dlpack.CPU, 0)
+
+        def __dlpack__(self, **keywords: Any) -> Any:
+            return dlpack.export(
+                array.ctypes.data, array.dtype, array.shape, (dlpack.CUDA, 0), self, versioned=True
+            )
+
+    for _ in range(3):
+        with pytest.raises(Exception) as caught:  # NumPy's own error, whatever it is
+            np.from_dlpack(ClaimsAGpu())
+        assert not isinstance(caught.value, SystemError)
+    assert dlpack.exported_count() == 0

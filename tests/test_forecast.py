@@ -257,6 +257,30 @@ def test_a_long_ledger_forgets_what_must_have_ended(clock: Clock) -> None:
     assert not ledger.start_known
 
 
+def test_a_stream_fed_without_pause_is_trimmed_in_pieces(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One endless burst: trims look at a piece past what they drop, not the whole ledger."""
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    seen_at(ledger, 1, clock.now + LAUNCH_LATENCY + 1e-6, width=1e-6)
+    looked: list[int] = []
+    finish = Forecast.finish
+
+    def counted(self: Forecast, burst: Any, end: float) -> tuple[float, float] | None:
+        looked.append(len(burst))
+        return finish(self, burst, end)
+
+    monkeypatch.setattr(Forecast, "finish", counted)
+    for _ in range(5000):  # 10 us apart: a single burst, never waited for
+        ledger.enqueue(model, launch(1))
+        clock.now += 10e-6
+    assert len(ledger.items) <= 1024  # trimmed as it went, never grown to the limit
+    assert max(looked) <= 64
+    assert sum(looked) < 2 * 5000  # each item looked at about once
+
+
 def test_models_are_shared_per_key() -> None:
     forecast = Forecast()
     assert forecast.model("k", "k") is forecast.model("k", "other name")

@@ -13,8 +13,11 @@ names the view's stream instead, and the consumer orders itself after it.
 
 A view does not own its buffer unless the library made it so (the high-level
 call's results for DLPack-only operands): then the buffer is released once the
-view and every tensor taken from it are gone and the work queued on it has
-finished. A view over the caller's buffer must not outlive that buffer.
+view and every tensor taken from it are gone and the work queued on the view's
+stream has finished. Work a consumer queued on its own stream is covered by
+CUDA itself: ``cuMemFree`` waits for the device to finish with the memory. A
+view over the caller's buffer must not outlive that buffer; nor may a tensor
+taken from any view outlive the backend, which frees its buffers when it closes.
 """
 
 from __future__ import annotations
@@ -149,6 +152,10 @@ class ArrayView:
         if copy:
             raise BufferError("accy-async offers its buffers in place; copy=True is not supported")
         if device[0] == dlpack.CUDA and stream != -1:
+            if stream == 0:
+                raise BufferError(
+                    "stream 0 is ambiguous in DLPack: pass 1 (legacy) or 2 (per-thread)"
+                )
             self.backend.lead_foreign_stream(1 if stream is None else stream, self._live_stream())
         versioned = max_version is not None and max_version[0] >= 1
         return dlpack.export(
@@ -162,17 +169,25 @@ class ArrayView:
         """Version 3, naming the stream a consumer must order itself after (CUDA only)."""
         if self.backend.kind != "cuda":
             raise AttributeError(f"a {self.backend.kind} buffer has no __cuda_array_interface__")
+        if not self.backend.owns(self.buffer):
+            raise BufferError(f"{self.buffer!r} was destroyed")
         stream = self._live_stream() or self.backend.default_stream
+        raw = stream.__cuda_stream__()[1]
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
             "data": (self.address, False),
             "version": 3,
             "strides": None,
-            "stream": stream.__cuda_stream__()[1],
+            "stream": raw or 1,  # the interface forbids 0: the NULL stream is the legacy one
         }
 
     def _live_stream(self) -> StreamHandle | None:
-        """The view's stream, or ``None`` (the default) once it was destroyed: its work is done."""
+        """The view's stream, or ``None`` (the backend's default) once that stream is gone.
+
+        A stream is gone once its owner has waited for it (the high-level call
+        destroys a lane's stream only after its work), so ordering after the
+        default stream then orders after nothing that matters.
+        """
         stream = self._stream
         return stream if stream is not None and self.backend.owns(stream) else None

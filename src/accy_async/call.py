@@ -26,6 +26,7 @@ arrays included, is released only once the device is done with it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -35,10 +36,17 @@ import numpy as np
 
 from ._loops import admit, checkpoint
 from .arrays import ArrayView
-from .backends.base import Backend, BufferBinding, BufferHandle, StreamHandle
+from .backends.base import (
+    Backend,
+    BufferBinding,
+    BufferHandle,
+    EventHandle,
+    StreamHandle,
+    StreamLike,
+)
 from .buffers import download
 from .dlpack import DLPackView
-from .errors import LaunchArgumentMismatch, UnsupportedOperation
+from .errors import AccyError, LaunchArgumentMismatch, UnsupportedOperation
 from .interop import DeviceArray, Lease, cpu_array, device_array, empty_like
 from .library import load_builtin
 from .pipeline import (
@@ -112,46 +120,64 @@ _LEASES_HELD: Final = 64
 class _Lane:
     """One call's stream, scratch and (off the CPU) device copies of the arrays.
 
-    ``where`` is the stream the lane's last call ran on: its own ``stream``,
-    or the caller's when all the call's arrays came from one stream. A call on
-    another stream than the last orders itself after it (the scratch is
-    shared). ``leases`` are the buffers over the callers' arrays of earlier
-    calls: they end when a later call finds ``where`` idle (one query), or,
-    past :data:`_LEASES_HELD`, once the backend sees it idle. No call pays
+    A call runs on the lane's ``stream``, or on the caller's stream (see
+    :meth:`PipelineCall.__call__`); ``where`` is the stream of the lane's
+    last call and ``done`` an event recorded after it. A call on another
+    stream than the last waits for ``done`` on the device (the scratch is
+    shared); nothing keeps a caller's stream once its call has returned.
+    ``leases`` are the buffers over the callers' arrays of earlier calls: they
+    end when a later call finds ``done`` complete (one query), or, past
+    :data:`_LEASES_HELD`, once the backend sees the lane idle. No call pays
     for a completion watch of its own.
     """
 
     stream: StreamHandle
+    done: EventHandle | None = None
     scratch: PipelineIntermediates | None = None
     buffers: dict[tuple[str, int], BufferHandle] = field(default_factory=dict)
     leases: list[BufferHandle] = field(default_factory=list)
     where: StreamHandle | None = None
 
-    def streams(self) -> list[StreamHandle]:
-        """The streams the lane's work may still run on."""
-        where = self.where
-        return [self.stream] if where is None or where is self.stream else [self.stream, where]
-
     def objects(self) -> list[Any]:
-        """What the lane owns but its stream: scratch buffers, device copies and leases."""
+        """What the lane owns but its stream: scratch, device copies, leases, its event."""
         scratch = [] if self.scratch is None else [b.handle for b in self.scratch]
         if self.scratch is not None:
             self.scratch.closed = True  # its buffers are released with the lane's
         leases, self.leases = self.leases, []
-        return [*scratch, *self.buffers.values(), *leases]
+        done = [] if self.done is None else [self.done]
+        return [*scratch, *self.buffers.values(), *leases, *done]
+
+    def follow(self, backend: Backend, stream: StreamHandle) -> None:
+        """Before a call on ``stream``: wait (on the device) for the lane's last call elsewhere."""
+        if self.where is not None and self.where is not stream and self.done is not None:
+            backend.wait_event(stream, self.done)
+
+    def ran(self, backend: Backend, stream: StreamHandle) -> None:
+        """After a call's enqueue on ``stream``: mark where the lane's work now ends."""
+        if self.done is None:
+            self.done = backend.create_event()
+        backend.record_event(self.done, stream)
+        self.where = stream
+
+    def settle(self, backend: Backend) -> None:
+        """Make the lane's own stream wait for its last call, so waiting for it covers all."""
+        if self.where is not None and self.where is not self.stream:
+            with contextlib.suppress(AccyError):  # a dead backend: nothing runs any more
+                self.follow(backend, self.stream)
+            self.where = self.stream
 
     def end_leases(self, backend: Backend) -> None:
-        """End the leases of earlier calls if the stream is idle (or hand them on, if many)."""
+        """End the leases of earlier calls if their work is done (or hand them on, if many)."""
         leases = self.leases
         if not leases:
             return
-        where = self.where or self.stream
-        if backend.query_stream(where):
+        if self.done is None or backend.query_event(self.done):
             self.leases = []
             backend.destroy_all(leases)
         elif len(leases) >= _LEASES_HELD:
             self.leases = []
-            backend.defer_destroy(leases, after=where)
+            self.settle(backend)
+            backend.defer_destroy(leases, after=self.stream)
 
 
 class PipelineCall:
@@ -212,20 +238,22 @@ class PipelineCall:
             return
         self._closed = True
         lanes, self._free = self._free, []
+        for lane in lanes:
+            lane.settle(self.backend)
         objects = [each for lane in lanes for each in lane.objects()]
         streams = [*(lane.stream for lane in lanes), *self._retired_streams]
-        waited = [*streams, *(each for lane in lanes for each in lane.streams()[1:])]
         self._retired_streams = []
         try:
             if self._pool is not None:
                 await self._pool.aclose()  # waits for every stream it ran on
         finally:
-            await release_when_idle(self.backend, [*objects, *streams], waited)
+            await release_when_idle(self.backend, [*objects, *streams], streams)
 
     async def __call__(
         self,
         *operands: Any,
         out: Any = None,
+        stream: StreamLike | None = None,
         **scalars: ScalarArgument | int | float | np.generic,
     ) -> Arrays:
         """Run the pipeline on ``operands``; its result (a tuple of them if several).
@@ -234,12 +262,18 @@ class PipelineCall:
         ``__cuda_array_interface__`` (CuPy, PyTorch) or DLPack; results are of
         the first device operand's kind (an :class:`~accy_async.arrays.ArrayView`,
         which exports DLPack, for operands offered through DLPack only; else
-        NumPy), or ``out=``'s. With device
-        arrays only, the call returns once the work is enqueued, ordered
-        after the producers' streams and before the consumer's (PyTorch's
-        current stream, CuPy's): no host synchronisation. Raises
-        :class:`LaunchArgumentMismatch` naming the array or scalar that does
-        not fit, before anything runs.
+        NumPy), or ``out=``'s. With device arrays only, the call returns once
+        the work is enqueued, with no host synchronisation: on ``stream`` when
+        given (a PyTorch, CuPy or cuda.core stream, or accy-async's: the arrays
+        are ready there and the results are used there); else on the arrays'
+        stream when they all name one (PyTorch's current stream, CuPy's); else
+        on a stream of the call's, ordered after each producer's stream and
+        before each consumer's. In async code pass ``stream=``: PyTorch's
+        current stream belongs to the thread, and other tasks change it at
+        every ``await``. Results written into ``out=`` arrays offered only
+        through DLPack are ready on CUDA's legacy default stream (DLPack names
+        no stream of theirs to order). Raises :class:`LaunchArgumentMismatch`
+        naming the array or scalar that does not fit, before anything runs.
         """
         if self._pool is None or self._closed:
             raise LaunchArgumentMismatch(
@@ -247,8 +281,9 @@ class PipelineCall:
             )
         document = self.document
         arrays = self._check_operands(operands)
-        arguments = self._scalars(arrays, scalars)
-        results = self._results(out, arguments, arrays)
+        arguments, counts = self._scalars(arrays, scalars)
+        given_stream = None if stream is None else self.backend.adopt_stream(stream)
+        results = self._results(out, counts, arrays, given_stream)
         on_cpu = self.backend.kind == "cpu"
         if on_cpu:
             _refuse_device_arrays(arrays, results)
@@ -265,7 +300,7 @@ class PipelineCall:
             if on_cpu:
                 await self._run_in_place(lane, arrays, results, arguments)  # type: ignore[arg-type]
             else:
-                await self._run_on_device(lane, arrays, results, arguments)
+                await self._run_on_device(lane, arrays, results, arguments, given_stream)
             if self._closed_now():  # closed while this call ran: nobody will reuse the lane
                 self._retire(lane)
             else:
@@ -295,8 +330,11 @@ class PipelineCall:
         self,
         arrays: Sequence[_Array],
         given: Mapping[str, ScalarArgument | int | float | np.generic],
-    ) -> tuple[ScalarArgument, ...]:
-        """The runtime scalars: by name, or the length of an operand the plan sizes by one."""
+    ) -> tuple[tuple[ScalarArgument, ...], tuple[int, ...]]:
+        """The runtime scalars, and how many elements each result takes.
+
+        A scalar is given by name, or is the length of an operand the plan sizes by it.
+        """
         names = self._names
         unknown = sorted(set(given) - set(names))
         if unknown:
@@ -334,7 +372,7 @@ class PipelineCall:
                     f"operand {next(iter(lengths))!r} is empty", path="$.operands"
                 )
             values.append(length)
-        arguments, needs, _ = self._resolved(values)
+        arguments, needs, counts = self._resolved(values)
         for index, (array, shape, needed) in enumerate(
             zip(arrays, self.document.operands, needs, strict=True)
         ):
@@ -344,7 +382,7 @@ class PipelineCall:
                     f"the launch needs {needed}",
                     path=f"$.operands[{index}]",
                 )
-        return arguments
+        return arguments, counts
 
     def _resolved(
         self, values: Sequence[ScalarArgument | int | float]
@@ -371,11 +409,17 @@ class PipelineCall:
         return cached
 
     def _results(
-        self, out: Any, arguments: Sequence[ScalarArgument], operands: Sequence[_Array]
+        self,
+        out: Any,
+        counts: Sequence[int],
+        operands: Sequence[_Array],
+        stream: StreamHandle | None,
     ) -> list[_Array]:
-        """Where the results land: ``out``'s arrays (checked), or new ones of the operands' kind."""
+        """Where the results land: ``out``'s arrays (checked), or new ones of the operands' kind.
+
+        New ones are allocated for use on ``stream`` when the caller named one.
+        """
         shapes = self.document.results
-        counts = self._resolved(arguments)[2]
         if out is None:
             model = next((each for each in operands if isinstance(each, DeviceArray)), None)
             made: list[_Array] = []
@@ -387,9 +431,11 @@ class PipelineCall:
                 dtype = _numpy_dtype(shape)
                 if isinstance(model.owner, DLPackView):  # no way to make one of their kind
                     buffer = self.backend.allocate_buffer(max(count * dtype.itemsize, 1))
-                    new: Any = ArrayView(self.backend, buffer, dtype, count, owned=True)
-                else:
-                    new = empty_like(model.owner, dtype, count, what)
+                    view = ArrayView(self.backend, buffer, dtype, count, owned=True)
+                    made.append(DeviceArray(view, view.address, dtype, count, False, None))
+                    continue
+                raw = None if stream is None else stream.__cuda_stream__()[1]
+                new = empty_like(model.owner, dtype, count, what, raw)
                 device = device_array(new, what, path)
                 assert device is not None
                 made.append(device)
@@ -429,16 +475,23 @@ class PipelineCall:
         ):
             lane.scratch = None
             if scratch is not None:
+                lane.settle(self.backend)  # the scratch may be in use on a caller's stream
                 await scratch.aclose()
             lane.scratch = await allocate_pipeline_intermediates(self.backend, pipeline, arguments)
 
-    def _device_buffer(self, lane: _Lane, key: tuple[str, int], byte_size: int) -> BufferHandle:
-        """The lane's device buffer ``key``, grown to ``byte_size`` (off the CPU)."""
+    def _device_buffer(
+        self, lane: _Lane, key: tuple[str, int], byte_size: int, stream: StreamHandle
+    ) -> BufferHandle:
+        """The lane's device buffer ``key``, grown to ``byte_size`` (off the CPU).
+
+        ``stream``, the call's, already waits for the lane's earlier calls: the
+        old buffer is freed once the work queued there so far is done.
+        """
         buffer = lane.buffers.get(key)
         if buffer is None or buffer.byte_size < byte_size:
             if buffer is not None:
                 del lane.buffers[key]
-                self.backend.defer_destroy([buffer], after=lane.stream)
+                self.backend.defer_destroy([buffer], after=stream)
             buffer = lane.buffers[key] = self.backend.allocate_buffer(max(byte_size, 1))
         return buffer
 
@@ -448,12 +501,16 @@ class PipelineCall:
         Its stream lives on until :meth:`aclose` (the pool waits for it before
         unloading the kernels it may still run), unless the call is closed already.
         """
+        if lane.where is not None and lane.where is not lane.stream:
+            with contextlib.suppress(AccyError):  # what was enqueued there, if anything
+                lane.ran(self.backend, lane.where)
+        lane.settle(self.backend)
         objects = [*extra, *lane.objects()]
         if self._closed:
             objects.append(lane.stream)
         else:
             self._retired_streams.append(lane.stream)
-        self.backend.defer_destroy(objects, after=lane.streams())
+        self.backend.defer_destroy(objects, after=lane.stream)
 
     async def _enqueue(
         self,
@@ -468,8 +525,10 @@ class PipelineCall:
         await admit()
         if self._closed_now():
             raise LaunchArgumentMismatch(_CLOSED_BEFORE)
-        enqueue_checked(self._pool, operands, results, lane.scratch, arguments, stream)
-        lane.where = stream
+        enqueue_checked(
+            self._pool, operands, results, lane.scratch, arguments, stream, track=lane.stream
+        )
+        lane.ran(self.backend, stream)
 
     # ----- running ----------------------------------------------------------------------
 
@@ -507,10 +566,12 @@ class PipelineCall:
         arrays: Sequence[_Array],
         results: Sequence[_Array],
         arguments: tuple[ScalarArgument, ...],
+        given: StreamHandle | None,
     ) -> None:
         """Off the CPU: device arrays in place, NumPy arrays copied in and out.
 
-        When every array is a device array from one stream (PyTorch's or CuPy's
+        On the ``given`` stream, everything runs there (copies too). Else, when
+        every array is a device array from one stream (PyTorch's or CuPy's
         current stream, as a rule), the stages run on that stream itself, as the
         library's own operations would: stream order is all the ordering needed.
         Otherwise they run on the lane's stream, ordered after each producer's
@@ -520,13 +581,19 @@ class PipelineCall:
         leases: list[BufferHandle] = []
         try:
             foreigners = _streams((*arrays, *results))  # results' memory may be in use there
-            direct = len(foreigners) == 1 and all(
-                isinstance(item, DeviceArray) for item in (*arrays, *results)
+            direct = given is not None or (
+                len(foreigners) == 1
+                and all(isinstance(item, DeviceArray) for item in (*arrays, *results))
             )
-            stream = backend.adopt_stream(foreigners[0]) if direct else lane.stream
+            if given is not None:
+                stream = given
+            elif direct:
+                stream = backend.adopt_stream(foreigners[0])
+            else:
+                stream = lane.stream
             lane.end_leases(backend)
-            if lane.where is not None and lane.where is not stream:
-                backend.follow_foreign_stream(stream, lane.where)  # the scratch was in use there
+            lane.follow(backend, stream)  # the scratch (and copies) were in use there
+            lane.where = stream  # from here a failure must wait for `stream` (see _retire)
             if not direct:
                 for foreign in foreigners:
                     backend.follow_foreign_stream(stream, foreign)
@@ -541,10 +608,10 @@ class PipelineCall:
                         )
                         leases.append(handle)
                     else:
-                        handle = self._device_buffer(lane, (key, index), size)
+                        handle = self._device_buffer(lane, (key, index), size, stream)
                         if key == "operand" and item.nbytes:
                             data = item.reshape(-1).view(np.uint8).data
-                            backend.write_buffer(handle, data, stream=lane.stream)
+                            backend.write_buffer(handle, data, stream=stream)
                     bindings.append(handle.bind(access, byte_size=size))  # type: ignore[arg-type]
             count = len(arrays)
             await self._enqueue(lane, stream, bindings[:count], bindings[count:], arguments)
@@ -562,7 +629,7 @@ class PipelineCall:
                         lane.buffers[("result", index)],
                         item.dtype,
                         item.size,
-                        stream=lane.stream,
+                        stream=stream,
                     )
                     item.reshape(-1)[...] = values
         except BaseException:

@@ -9,7 +9,7 @@ calls the producer's deleter exactly once.
 
 :func:`export` builds the managed tensor for memory another object owns and
 wraps it in a capsule; the owner stays referenced until the consumer calls the
-deleter (or the capsule is collected unconsumed).
+deleter (or, for a capsule dropped unconsumed, until the next :func:`sweep`).
 
 The structures follow ``dlpack.h`` (v1.0); NumPy produces and consumes both
 capsule kinds for CPU arrays, which is how this module is tested without a GPU.
@@ -18,6 +18,7 @@ capsule kinds for CPU arrays, which is how this module is tested without a GPU.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -25,7 +26,17 @@ from typing import Any, Final
 
 import numpy as np
 
-__all__ = ["CPU", "CUDA", "CUDA_HOST", "CUDA_MANAGED", "DLPackView", "consume", "export"]
+__all__ = [
+    "CPU",
+    "CUDA",
+    "CUDA_HOST",
+    "CUDA_MANAGED",
+    "DLPackView",
+    "consume",
+    "export",
+    "exported_count",
+    "sweep",
+]
 
 CPU: Final = 1
 CUDA: Final = 2
@@ -235,23 +246,22 @@ def _view(tensor: _Tensor, readonly: bool) -> DLPackView:
 _new_capsule = ctypes.pythonapi.PyCapsule_New
 _new_capsule.restype = ctypes.py_object
 _new_capsule.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
-_raw_is_valid = ctypes.PyDLL(None).PyCapsule_IsValid  # on a capsule being destroyed: no refs
-_raw_is_valid.restype = ctypes.c_int
-_raw_is_valid.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
-_raw_get_pointer = ctypes.PyDLL(None).PyCapsule_GetPointer
-_raw_get_pointer.restype = ctypes.c_void_p
-_raw_get_pointer.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
+
+_UNHELD: Final = 2
+"""``sys.getrefcount`` of a capsule only its export record holds (the record, the argument)."""
 
 
 class _Export:
     """What an exported tensor keeps alive until its deleter runs."""
 
-    __slots__ = ("managed", "owner", "shape")
+    __slots__ = ("capsule", "managed", "name", "owner", "shape")
 
-    def __init__(self, managed: ctypes.Structure, shape: Any, owner: Any) -> None:
+    def __init__(self, managed: ctypes.Structure, shape: Any, owner: Any, name: bytes) -> None:
         self.managed = managed
         self.shape = shape
         self.owner = owner
+        self.name = name
+        self.capsule: Any = None
 
 
 _exports: dict[int, _Export] = {}
@@ -264,15 +274,24 @@ def _delete(pointer: int | None) -> None:
         _exports.pop(pointer, None)
 
 
-def _destroy_capsule(capsule: int | None) -> None:
-    """A capsule collected unconsumed (still named as made): delete its tensor."""
-    for name in (_VERSIONED, _LEGACY):
-        if capsule and _raw_is_valid(capsule, name):
-            _delete(_raw_get_pointer(capsule, name))
-
-
 _DELETER: Final = _Deleter(_delete)
-_CAPSULE_DESTRUCTOR: Final = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_destroy_capsule)
+
+
+def sweep() -> None:
+    """Forget exports whose capsule was dropped unconsumed (nobody else holds it, still named).
+
+    A capsule destructor written in Python breaks a consumer that drops the
+    capsule with its own error pending (the error is lost), so capsules have
+    none: this sweep, run at each export and by the owners of exported
+    memory, stands in for it.
+    """
+    for pointer, record in list(_exports.items()):
+        if (
+            record.capsule is not None
+            and sys.getrefcount(record.capsule) <= _UNHELD
+            and _is_valid(record.capsule, record.name)
+        ):
+            del _exports[pointer]
 
 
 def export(
@@ -287,8 +306,8 @@ def export(
 ) -> Any:
     """A DLPack capsule over ``address`` (C-contiguous ``shape`` of ``dtype`` on ``device``).
 
-    ``owner`` is kept referenced until the consumer calls the deleter, or
-    until the capsule is collected unconsumed. ``versioned`` makes a DLPack
+    ``owner`` is kept referenced until the consumer calls the deleter, or,
+    for a capsule dropped unconsumed, until the next :func:`sweep`. ``versioned`` makes a DLPack
     1.0 capsule (``dltensor_versioned``, for consumers that passed
     ``max_version``), else a legacy one. Raises :class:`BufferError` for an
     element type DLPack has no code for.
@@ -314,18 +333,18 @@ def export(
     tensor.byte_offset = 0
     managed.deleter = ctypes.cast(_DELETER, ctypes.c_void_p).value
     pointer = ctypes.addressof(managed)
-    _exports[pointer] = _Export(managed, extents, owner)
+    name = _VERSIONED if versioned else _LEGACY
+    sweep()
+    record = _exports[pointer] = _Export(managed, extents, owner, name)
     try:
-        return _new_capsule(
-            pointer,
-            _VERSIONED if versioned else _LEGACY,
-            ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p).value,
-        )
+        record.capsule = _new_capsule(pointer, name, None)
     except BaseException:
         _exports.pop(pointer, None)
         raise
+    return record.capsule
 
 
 def exported_count() -> int:
     """How many exported tensors are still held by a consumer (or an unconsumed capsule)."""
+    sweep()
     return len(_exports)

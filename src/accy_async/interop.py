@@ -153,22 +153,32 @@ def _library(obj: Any) -> str:
     return type(obj).__module__.split(".", 1)[0]
 
 
-def empty_like(owner: Any, dtype: np.dtype[Any], count: int, what: str) -> Any:
+def empty_like(
+    owner: Any, dtype: np.dtype[Any], count: int, what: str, stream: int | None = None
+) -> Any:
     """A new 1-D array of ``count`` ``dtype`` elements from ``owner``'s library and device.
 
-    PyTorch and CuPy are known; for another library pass ``out=``.
+    PyTorch and CuPy are known; for another library pass ``out=``. With a raw
+    ``stream``, the array is allocated for use there (both libraries' memory
+    pools reuse memory in the order of the stream it was allocated on).
     """
     library = _library(owner)
     if library == "torch":
         import torch
 
         torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-        return torch.empty(count, dtype=torch_dtype, device=owner.device)
+        if stream is None:
+            return torch.empty(count, dtype=torch_dtype, device=owner.device)
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=owner.device)):
+            return torch.empty(count, dtype=torch_dtype, device=owner.device)
     if library == "cupy":
         import cupy
 
         with owner.device:
-            return cupy.empty(count, dtype=dtype)
+            if stream is None:
+                return cupy.empty(count, dtype=dtype)
+            with cupy.cuda.ExternalStream(stream):
+                return cupy.empty(count, dtype=dtype)
     raise LaunchArgumentMismatch(
         f"{what}: accy-async cannot allocate a {type(owner).__name__} result; pass out=",
         path="$.out",

@@ -683,6 +683,8 @@ def enqueue_checked(
     intermediates: PipelineIntermediates | None,
     arguments: Sequence[ScalarArgument],
     stream: StreamHandle,
+    *,
+    track: StreamHandle | None = None,
 ) -> None:
     """Enqueue every stage of ``pool``'s pipeline: :func:`launch_pipeline` without its checks.
 
@@ -690,7 +692,10 @@ def enqueue_checked(
     for callers that have checked the rest (counts, sizes, liveness of the
     buffers and stream, the scalars typed by the plan) as the high-level call
     does before each launch. What the scalars resolve to is cached per
-    pipeline, as for every launch.
+    pipeline, as for every launch. The pool and scratch note ``track`` as the
+    stream to wait for before they are freed (``stream`` by default): a caller
+    running on a stream it does not own passes one of its own, made to wait
+    for the work.
     """
     if pool.closed:
         raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
@@ -698,9 +703,9 @@ def enqueue_checked(
         raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
     program = _program(pool.pipeline, pool.registry, pool.format)
     resolved = _resolve(program, arguments)
-    pool.streams_used.add(stream)
+    pool.streams_used.add(track or stream)
     if intermediates is not None:
-        intermediates.streams_used.add(stream)
+        intermediates.streams_used.add(track or stream)
     sources = (operands, results, intermediates or ())
     for launcher, refs, stage_scalars, (grid, block, shared) in zip(
         pool.launchers, program.refs, resolved.stage_scalars, resolved.geometry, strict=True

@@ -832,6 +832,10 @@ class Backend(abc.ABC):
         adopted = self._adopted.get(raw)
         if adopted is not None:
             return adopted
+        for ours in self.live_streams():  # one of ours, by its raw handle: not an alias
+            if not ours.external and _raw_of(ours) == raw:
+                self._adopted[raw] = ours
+                return ours
         object_id = next(self._ids)
         handle = StreamHandle(
             self.backend_id, object_id, self._adopt_stream(object_id, raw), external=True
@@ -1085,8 +1089,10 @@ class Backend(abc.ABC):
         if isinstance(obj, StreamHandle):
             if obj is self.default_stream:
                 raise InvalidBuffer("the default stream cannot be destroyed")
+            raw = _raw_of(obj)
+            if raw is not None and self._adopted.get(raw) is obj:
+                del self._adopted[raw]
             if obj.external:
-                self._adopted.pop(raw_stream_handle(obj), None)
                 self._forget_stream(obj)
                 return
         self._destroy(obj)
@@ -1398,3 +1404,11 @@ def _external(obj: DeviceObject) -> bool:
     if isinstance(obj, BufferHandle):
         return obj.ownership is Ownership.EXTERNAL
     return isinstance(obj, StreamHandle) and obj.external
+
+
+def _raw_of(stream: StreamHandle) -> int | None:
+    """``stream``'s raw ``CUstream`` handle, ``None`` for a stream that is not CUDA's."""
+    try:
+        return stream.__cuda_stream__()[1]
+    except TypeError:
+        return None

@@ -85,9 +85,10 @@ _LEDGER_TRIM_AT: Final = 512
 """A ledger this long drops the items predicted to have ended long ago."""
 
 _LEDGER_LIMIT: Final = 4096
+"""A ledger never holds more; beyond it the oldest half is forgotten."""
+
 _TRIM_PIECE: Final = 64
 """Items a trim looks at together: the ledger is dropped in pieces this long at most."""
-"""A ledger never holds more; beyond it the oldest half is forgotten."""
 
 _LEARN_FROM_AT_MOST: Final = 64
 """Longer runs of work seen complete are forgotten unlearned: learning costs as much as they."""

@@ -50,7 +50,9 @@ from .base import (
     LoadedArtifact,
     PendingRead,
     StreamHandle,
+    StreamLike,
     WaitPolicy,
+    raw_stream_handle,
 )
 
 __all__ = ["FAULT_ERRORS", "FaultKind", "RecordedLaunch", "RecordingBackend", "fault_error"]
@@ -215,6 +217,8 @@ class RecordingBackend(Backend):
         self.loaded_ids: list[int] = []
         self.records: list[tuple[int, int]] = []
         self.waits: list[tuple[int, int]] = []
+        self.foreign_orders: list[tuple[str, int, int]] = []
+        """``("follow", our stream id, raw handle)`` and ``("lead", raw handle, our stream id)``."""
         self._events: dict[int, _Pending] = {}
         self._unfinished: dict[int, list[_Pending]] = {}
         default_id = DEFAULT_STREAM_ID
@@ -421,6 +425,16 @@ class RecordingBackend(Backend):
         self._succeeded("stream")
         self._unfinished[object_id] = []
         return None
+
+    def follow_foreign_stream(self, stream: StreamLike | None, foreign: StreamLike) -> None:
+        """Noted in :attr:`foreign_orders` (no device to order)."""
+        self._check_usable()
+        self.foreign_orders.append(("follow", self._stream(stream).id, raw_stream_handle(foreign)))
+
+    def lead_foreign_stream(self, foreign: StreamLike, stream: StreamLike | None) -> None:
+        """Noted in :attr:`foreign_orders` (no device to order)."""
+        self._check_usable()
+        self.foreign_orders.append(("lead", raw_stream_handle(foreign), self._stream(stream).id))
 
     def _adopt_stream(self, object_id: int, raw: int) -> Any:
         """Another library's stream, as CUDA takes one: the raw handle is the native."""

@@ -1,0 +1,132 @@
+"""The high-level call's device path, decided and ordered: checked on the recording backend.
+
+The arrays here are what the call sees of a GPU array, the CUDA Array Interface and
+nothing behind it; the recording backend notes every launch, record, wait and foreign
+ordering, and completes nothing until told (``completion="manual"``). The same paths run
+for real on the H200 in ``test_call_cuda.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import accy_async as accy
+
+A, B, C = 0x7A00, 0x7B00, 0x7C00
+
+
+class DeviceArray:
+    """A float32 GPU array as a library offers it: ``__cuda_array_interface__`` naming a stream."""
+
+    def __init__(self, n: int, stream: int, address: int = 0x1_0000) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (n,),
+            "typestr": "<f4",
+            "data": (address, False),
+            "version": 3,
+            "stream": stream,
+        }
+
+
+class Stream:
+    """A stream of another library (cuda.core's protocol)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def leased(backend: accy.Backend) -> int:
+    """How many buffers over callers' arrays are alive."""
+    owned = backend.live_objects(owned_only=True)
+    return sum(
+        1 for key, kind in backend.live_objects().items() if kind == "buffer" and key not in owned
+    )
+
+
+async def test_arrays_of_one_stream_run_there_leased_until_their_work_is_done() -> None:
+    backend = accy.RecordingBackend(completion="manual")
+    async with accy.open_pipeline("saxpy_f32", backend=backend) as saxpy:
+        x, y, out = DeviceArray(256, A), DeviceArray(256, A), DeviceArray(256, A)
+        assert await saxpy(x, y, a=2.0, out=out) is out
+        theirs = backend.adopt_stream(A)
+        assert [launch.stream_id for launch in backend.launches] == [theirs.id]
+        assert backend.foreign_orders == []  # stream order is all the ordering needed
+        assert leased(backend) == 3
+        await saxpy(x, y, a=2.0, out=out)
+        assert leased(backend) == 6  # the first call's work has not completed: still leased
+        backend.complete_all()
+        await saxpy(x, y, a=2.0, out=out)
+        assert leased(backend) == 3  # found done by this call: ended, one query, no watch
+        backend.complete_all()
+    assert leased(backend) == 0
+    await backend.aclose()
+
+
+async def test_a_lane_moving_to_another_stream_waits_for_its_last_call() -> None:
+    backend = accy.RecordingBackend(completion="manual")
+    async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
+        await saxpy(DeviceArray(64, A), DeviceArray(64, A), a=1.0, out=DeviceArray(64, A))
+        on_a, on_b = backend.adopt_stream(A), backend.adopt_stream(B)
+        (done, recorded_on), *_ = backend.records
+        assert recorded_on == on_a.id
+        await saxpy(DeviceArray(64, B), DeviceArray(64, B), a=1.0, out=DeviceArray(64, B))
+        assert (on_b.id, done) in backend.waits  # the scratch and lane were in use on A
+        assert backend.launches[-1].stream_id == on_b.id
+        backend.complete_all()
+    await backend.aclose()
+
+
+async def test_arrays_of_several_streams_run_on_the_lane_ordered_both_ways() -> None:
+    backend = accy.RecordingBackend(completion="manual")
+    async with accy.open_pipeline("saxpy_f32", backend=backend) as saxpy:
+        await saxpy(DeviceArray(64, A), DeviceArray(64, B), a=1.0, out=DeviceArray(64, A))
+        lane = backend.launches[-1].stream_id
+        assert lane not in (backend.adopt_stream(A).id, backend.adopt_stream(B).id)
+        assert backend.foreign_orders == [
+            ("follow", lane, A),
+            ("follow", lane, B),
+            ("lead", A, lane),
+        ]
+        backend.complete_all()
+    await backend.aclose()
+
+
+async def test_a_given_stream_is_where_everything_runs() -> None:
+    backend = accy.RecordingBackend(completion="manual")
+    async with accy.open_pipeline("saxpy_f32", backend=backend) as saxpy:
+        x, y, out = DeviceArray(64, A), DeviceArray(64, B), DeviceArray(64, A)
+        await saxpy(x, y, a=1.0, out=out, stream=Stream(C))
+        assert backend.launches[-1].stream_id == backend.adopt_stream(C).id
+        assert backend.foreign_orders == []
+        with pytest.raises(accy.InvalidBuffer, match="not a stream"):
+            await saxpy(x, y, a=1.0, out=out, stream="C")  # type: ignore[arg-type]
+        backend.complete_all()
+    await backend.aclose()
+
+
+async def test_a_launch_failing_midway_on_a_callers_stream_frees_nothing_early() -> None:
+    """Stages already queued there may still run: the lane's objects wait for them."""
+    backend = accy.RecordingBackend(completion="manual", fail_after={"launch": 1})
+    call: Any = accy.open_pipeline("prefix_sum_f32", backend=backend)
+    async with call as scan:
+        n = 100_000
+        with pytest.raises(accy.RuntimeUnavailable):
+            await scan(DeviceArray(n, A), out=DeviceArray(n, A))
+        theirs = backend.adopt_stream(A)
+        assert [launch.stream_id for launch in backend.launches] == [theirs.id]
+        done, recorded_on = backend.records[-1]
+        assert recorded_on == theirs.id  # after the stage that did go
+        # The lane's own stream waits for that record: whatever waits for the lane covers it.
+        assert [event for stream, event in backend.waits if stream != theirs.id] == [done]
+        scratch = [key for key, kind in backend.live_objects(owned_only=True).items()]
+        backend.collect_deferred()
+        assert all(key in backend.live_objects() for key in scratch)  # nothing freed yet
+        backend.complete_all()
+        backend.collect_deferred()
+        assert leased(backend) == 0
+    await backend.aclose()
