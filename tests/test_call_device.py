@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 import accy_async as accy
@@ -129,4 +130,17 @@ async def test_a_launch_failing_midway_on_a_callers_stream_frees_nothing_early()
         backend.complete_all()
         backend.collect_deferred()
         assert leased(backend) == 0
+    await backend.aclose()
+
+
+async def test_outgrown_device_copies_go_with_the_lane_when_the_call_closes() -> None:
+    """Copies of NumPy operands grow with the requests; closing leaves nothing to collect."""
+    backend = accy.RecordingBackend(completion="manual")
+    before = dict(backend.live_objects())
+    async with accy.open_pipeline("saxpy_f32", backend=backend) as saxpy:
+        for n in (10, 1000, 100_000):
+            ones = np.ones(n, np.float32)
+            await saxpy(ones, ones, a=1.0, out=DeviceArray(n, A))
+        backend.complete_all()
+    assert dict(backend.live_objects()) == before
     await backend.aclose()

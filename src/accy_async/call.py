@@ -112,8 +112,8 @@ def open_pipeline(
     return PipelineCall(document, backend, format, max_lanes)
 
 
-_LEASES_HELD: Final = 64
-"""Leases a lane keeps past their calls (ended in one go) before it hands them to the backend."""
+_HELD_AT_MOST: Final = 64
+"""Buffers a lane holds past their calls (released in one go) before it hands them on."""
 
 
 @dataclass(eq=False)
@@ -125,7 +125,8 @@ class _Lane:
     last call and ``done`` an event recorded after it. A call on another
     stream than the last waits for ``done`` on the device (the scratch is
     shared); nothing keeps a caller's stream once its call has returned.
-    ``leases`` are the buffers over the callers' arrays of earlier calls: they
+    ``held`` are buffers earlier calls used and no later one will (leases over
+    the callers' arrays, device copies the lane outgrew): they
     end when a later call finds ``done`` complete (one query), or, past
     :data:`_LEASES_HELD`, once the backend sees the lane idle. No call pays
     for a completion watch of its own.
@@ -135,17 +136,17 @@ class _Lane:
     done: EventHandle | None = None
     scratch: PipelineIntermediates | None = None
     buffers: dict[tuple[str, int], BufferHandle] = field(default_factory=dict)
-    leases: list[BufferHandle] = field(default_factory=list)
+    held: list[BufferHandle] = field(default_factory=list)
     where: StreamHandle | None = None
 
     def objects(self) -> list[Any]:
-        """What the lane owns but its stream: scratch, device copies, leases, its event."""
+        """What the lane owns but its stream: scratch, device copies, held buffers, its event."""
         scratch = [] if self.scratch is None else [b.handle for b in self.scratch]
         if self.scratch is not None:
             self.scratch.closed = True  # its buffers are released with the lane's
-        leases, self.leases = self.leases, []
+        held, self.held = self.held, []
         done = [] if self.done is None else [self.done]
-        return [*scratch, *self.buffers.values(), *leases, *done]
+        return [*scratch, *self.buffers.values(), *held, *done]
 
     def follow(self, backend: Backend, stream: StreamHandle) -> None:
         """Before a call on ``stream``: wait (on the device) for the lane's last call elsewhere."""
@@ -166,18 +167,18 @@ class _Lane:
                 self.follow(backend, self.stream)
             self.where = self.stream
 
-    def end_leases(self, backend: Backend) -> None:
-        """End the leases of earlier calls if their work is done (or hand them on, if many)."""
-        leases = self.leases
-        if not leases:
+    def release_held(self, backend: Backend) -> None:
+        """Release the held buffers if the work that used them is done (or hand them on)."""
+        held = self.held
+        if not held:
             return
         if self.done is None or backend.query_event(self.done):
-            self.leases = []
-            backend.destroy_all(leases)
-        elif len(leases) >= _LEASES_HELD:
-            self.leases = []
+            self.held = []
+            backend.destroy_all(held)
+        elif len(held) >= _HELD_AT_MOST:
+            self.held = []
             self.settle(backend)
-            backend.defer_destroy(leases, after=self.stream)
+            backend.defer_destroy(held, after=self.stream)
 
 
 class PipelineCall:
@@ -479,19 +480,16 @@ class PipelineCall:
                 await scratch.aclose()
             lane.scratch = await allocate_pipeline_intermediates(self.backend, pipeline, arguments)
 
-    def _device_buffer(
-        self, lane: _Lane, key: tuple[str, int], byte_size: int, stream: StreamHandle
-    ) -> BufferHandle:
+    def _device_buffer(self, lane: _Lane, key: tuple[str, int], byte_size: int) -> BufferHandle:
         """The lane's device buffer ``key``, grown to ``byte_size`` (off the CPU).
 
-        ``stream``, the call's, already waits for the lane's earlier calls: the
-        old buffer is freed once the work queued there so far is done.
+        The old one is held until the lane's earlier calls are done (see :class:`_Lane`).
         """
         buffer = lane.buffers.get(key)
         if buffer is None or buffer.byte_size < byte_size:
             if buffer is not None:
                 del lane.buffers[key]
-                self.backend.defer_destroy([buffer], after=stream)
+                lane.held.append(buffer)
             buffer = lane.buffers[key] = self.backend.allocate_buffer(max(byte_size, 1))
         return buffer
 
@@ -591,7 +589,7 @@ class PipelineCall:
                 stream = backend.adopt_stream(foreigners[0])
             else:
                 stream = lane.stream
-            lane.end_leases(backend)
+            lane.release_held(backend)
             lane.follow(backend, stream)  # the scratch (and copies) were in use there
             lane.where = stream  # from here a failure must wait for `stream` (see _retire)
             if not direct:
@@ -608,7 +606,7 @@ class PipelineCall:
                         )
                         leases.append(handle)
                     else:
-                        handle = self._device_buffer(lane, (key, index), size, stream)
+                        handle = self._device_buffer(lane, (key, index), size)
                         if key == "operand" and item.nbytes:
                             data = item.reshape(-1).view(np.uint8).data
                             backend.write_buffer(handle, data, stream=stream)
@@ -635,7 +633,7 @@ class PipelineCall:
         except BaseException:
             self._retire(lane, leases)  # the leases hold the arrays until the work is done
             raise
-        lane.leases.extend(leases)
+        lane.held.extend(leases)
 
 
 def _streams(items: Sequence[_Array]) -> list[int]:
