@@ -217,3 +217,37 @@ def test_a_bf16_shape_takes_the_uint16_array_it_is_uploaded_as() -> None:
     with pytest.raises(accy.LaunchArgumentMismatch, match="holds u16, the plan takes f16"):
         _check_shapes(request(p.DType.F16), ())
     backend.destroy(x)
+
+
+async def test_a_pool_used_on_a_stream_destroyed_since_still_waits_for_the_others() -> None:
+    """One stream gone must not make the pool's close skip waiting for the rest."""
+    recording = accy.RecordingBackend(completion="manual")
+    first, second = recording.create_stream(), recording.create_stream()
+    operand, result = recording.allocate_buffer(20_000), recording.allocate_buffer(20_000)
+    pool = await load_pipeline_artifacts(recording, SEED_PIPELINE, SEED_REGISTRY, PTX)
+    scratch = await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS)
+    for stream in (first, second):
+        request = PipelineLaunch(
+            pipeline=SEED_PIPELINE,
+            registry=SEED_REGISTRY,
+            format=PTX,
+            operands=(operand.bind("read_only"),),
+            results=(result.bind(),),
+            runtime_scalar_arguments=ARGS,
+            intermediates=scratch,
+            artifacts=pool,
+            stream=stream,
+        )
+        await launch_pipeline(recording, request)
+    recording.complete_stream(first)
+    recording.destroy(first)
+    kernels = [entry.loaded for entry in pool.entries]
+    with anyio.move_on_after(0.05):  # the second stream's work never completes here
+        await pool.aclose()
+    assert all(recording.owns(kernel) for kernel in kernels)  # still loaded: deferred
+    recording.complete_all()
+    recording.collect_deferred()
+    assert not any(recording.owns(kernel) for kernel in kernels)
+    await scratch.aclose()
+    recording.destroy_all([operand, result, second])
+    await recording.aclose()

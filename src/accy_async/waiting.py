@@ -208,7 +208,7 @@ async def release_when_idle(
     the device, and nothing is freed while the device may still use it.
     After a device fault nothing will run again, so they are destroyed at once.
     """
-    streams = list(streams) or [None]
+    streams = _still_live(backend, streams)
     if not objects or _gone(backend):
         backend.destroy_all(objects)
         await _loops.checkpoint()
@@ -232,6 +232,24 @@ async def release_when_idle(
         backend.destroy_all(objects)
     else:
         _defer(backend, objects, streams)
+
+
+def _still_live(backend: Backend, streams: Sequence[StreamLike | None]) -> list[StreamLike | None]:
+    """``streams`` without those destroyed since (else ``[None]``: the default stream).
+
+    A destroyed stream cannot be waited for, and one that could not be must not
+    make the clean-up skip the others: their work may still use the objects.
+    (Work still queued on a stream destroyed since is not waited for: destroy a
+    stream only once its work is done, or wait for the device.)
+    """
+    live = [
+        stream
+        for stream in streams
+        if not isinstance(stream, DeviceObject)
+        or backend.owns(stream)
+        or stream is backend.default_stream
+    ]
+    return live or [None]
 
 
 def _gone(backend: Backend) -> bool:
