@@ -8,6 +8,8 @@ for real on the H200 in ``test_call_cuda.py``.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -49,22 +51,26 @@ def leased(backend: accy.Backend) -> int:
     )
 
 
-async def test_arrays_of_one_stream_run_there_leased_until_their_work_is_done() -> None:
+async def test_arrays_of_one_stream_run_there_held_until_their_work_is_done() -> None:
     backend = accy.RecordingBackend(completion="manual")
     async with accy.open_pipeline("saxpy_f32", backend=backend) as saxpy:
-        x, y, out = DeviceArray(256, A), DeviceArray(256, A), DeviceArray(256, A)
-        assert await saxpy(x, y, a=2.0, out=out) is out
+        held: list[weakref.ref[DeviceArray]] = []
+        for _ in range(3):
+            x, y, out = DeviceArray(256, A), DeviceArray(256, A), DeviceArray(256, A)
+            assert await saxpy(x, y, a=2.0, out=out) is out
+            held.extend(weakref.ref(each) for each in (x, y, out))
+            del x, y, out
         theirs = backend.adopt_stream(A)
-        assert [launch.stream_id for launch in backend.launches] == [theirs.id]
+        assert {launch.stream_id for launch in backend.launches} == {theirs.id}
         assert backend.foreign_orders == []  # stream order is all the ordering needed
-        assert leased(backend) == 3
-        await saxpy(x, y, a=2.0, out=out)
-        assert leased(backend) == 6  # the first call's work has not completed: still leased
+        gc.collect()
+        assert all(ref() is not None for ref in held)  # their work has not completed
+        assert leased(backend) == 0  # nor were they registered with the backend
         backend.complete_all()
-        await saxpy(x, y, a=2.0, out=out)
-        assert leased(backend) == 3  # found done by this call: ended, one query, no watch
+        await saxpy(DeviceArray(256, A), DeviceArray(256, A), a=2.0, out=DeviceArray(256, A))
+        gc.collect()
+        assert all(ref() is None for ref in held)  # found done by this call: let go
         backend.complete_all()
-    assert leased(backend) == 0
     await backend.aclose()
 
 

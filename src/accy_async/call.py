@@ -41,6 +41,7 @@ from .backends.base import (
     BufferBinding,
     BufferHandle,
     EventHandle,
+    Ownership,
     StreamHandle,
     StreamLike,
 )
@@ -59,6 +60,7 @@ from .pipeline import (
 )
 from .plan import (
     ArtifactFormat,
+    DType,
     Forward,
     PipelineBuffer,
     PipelineDocument,
@@ -77,6 +79,9 @@ Arrays = Any
 
 _Array = np.ndarray[Any, Any] | DeviceArray
 """An operand or result as checked: a NumPy array, or another library's device array."""
+
+_NUMPY_DTYPES: Final = {dtype: np.dtype(dtype.numpy_name) for dtype in DType}
+"""Each plan dtype's NumPy dtype (bf16 as its uint16 storage)."""
 
 _RESOLUTIONS_KEPT: Final = 256
 """Distinct scalar values whose typing and sizes a call remembers (the oldest goes first)."""
@@ -113,7 +118,11 @@ def open_pipeline(
 
 
 _HELD_AT_MOST: Final = 64
-"""Buffers a lane holds past their calls (released in one go) before it hands them on."""
+"""Arrays and buffers a lane holds past their calls (released in one go) before it
+hands them on."""
+
+_QUERY_FROM: Final = 8
+"""Held things below which a call does not ask whether the lane's last call is done."""
 
 
 @dataclass(eq=False)
@@ -125,11 +134,12 @@ class _Lane:
     last call and ``done`` an event recorded after it. A call on another
     stream than the last waits for ``done`` on the device (the scratch is
     shared); nothing keeps a caller's stream once its call has returned.
-    ``held`` are buffers earlier calls used and no later one will (leases over
-    the callers' arrays, device copies the lane outgrew): they
-    end when a later call finds ``done`` complete (one query), or, past
-    :data:`_LEASES_HELD`, once the backend sees the lane idle. No call pays
-    for a completion watch of its own.
+    ``owners`` are the callers' arrays of earlier calls (kept referenced so no
+    library frees or reuses their memory under the device) and ``held`` the
+    device copies the lane outgrew: both go when a later call finds ``done``
+    complete (one query, asked once a few are held), or, past
+    :data:`_HELD_AT_MOST`, once the backend sees the lane idle. No call pays
+    for a completion watch of its own, nor registers the arrays with the backend.
     """
 
     stream: StreamHandle
@@ -137,16 +147,24 @@ class _Lane:
     scratch: PipelineIntermediates | None = None
     buffers: dict[tuple[str, int], BufferHandle] = field(default_factory=dict)
     held: list[BufferHandle] = field(default_factory=list)
+    owners: list[Any] = field(default_factory=list)
     where: StreamHandle | None = None
 
-    def objects(self) -> list[Any]:
-        """What the lane owns but its stream: scratch, device copies, held buffers, its event."""
+    def objects(self, backend: Backend) -> list[Any]:
+        """What the lane owns but its stream, the held arrays as one object to release."""
         scratch = [] if self.scratch is None else [b.handle for b in self.scratch]
         if self.scratch is not None:
             self.scratch.closed = True  # its buffers are released with the lane's
         held, self.held = self.held, []
         done = [] if self.done is None else [self.done]
-        return [*scratch, *self.buffers.values(), *held, *done]
+        return [*scratch, *self.buffers.values(), *held, *self._owners_held(backend), *done]
+
+    def _owners_held(self, backend: Backend) -> list[BufferHandle]:
+        """The owners, handed to the backend as one external buffer (released = let go)."""
+        owners, self.owners = self.owners, []
+        if not owners:
+            return []
+        return [backend.register_external_buffer(Lease(0, owners), 0)]
 
     def follow(self, backend: Backend, stream: StreamHandle) -> None:
         """Before a call on ``stream``: wait (on the device) for the lane's last call elsewhere."""
@@ -168,17 +186,18 @@ class _Lane:
             self.where = self.stream
 
     def release_held(self, backend: Backend) -> None:
-        """Release the held buffers if the work that used them is done (or hand them on)."""
-        held = self.held
-        if not held:
+        """Let go of what earlier calls held if their work is done (or hand it on, if much)."""
+        count = len(self.held) + len(self.owners)
+        if not self.held and count < _QUERY_FROM:  # a few arrays: no need to ask yet
             return
         if self.done is None or backend.query_event(self.done):
-            self.held = []
+            held, self.held = self.held, []
+            self.owners = []
             backend.destroy_all(held)
-        elif len(held) >= _HELD_AT_MOST:
-            self.held = []
+        elif count >= _HELD_AT_MOST:
             self.settle(backend)
-            backend.defer_destroy(held, after=self.stream)
+            held, self.held = self.held, []
+            backend.defer_destroy([*held, *self._owners_held(backend)], after=self.stream)
 
 
 class PipelineCall:
@@ -241,7 +260,7 @@ class PipelineCall:
         lanes, self._free = self._free, []
         for lane in lanes:
             lane.settle(self.backend)
-        objects = [each for lane in lanes for each in lane.objects()]
+        objects = [each for lane in lanes for each in lane.objects(self.backend)]
         streams = [*(lane.stream for lane in lanes), *self._retired_streams]
         self._retired_streams = []
         try:
@@ -493,7 +512,9 @@ class PipelineCall:
             buffer = lane.buffers[key] = self.backend.allocate_buffer(max(byte_size, 1))
         return buffer
 
-    def _retire(self, lane: _Lane, extra: Sequence[Any] = ()) -> None:
+    def _retire(
+        self, lane: _Lane, owners: Sequence[Any] = (), objects: Sequence[BufferHandle] = ()
+    ) -> None:
         """A lane whose work may still run (a cancelled or failed call): free it afterwards.
 
         Its stream lives on until :meth:`aclose` (the pool waits for it before
@@ -503,12 +524,13 @@ class PipelineCall:
             with contextlib.suppress(AccyError):  # what was enqueued there, if anything
                 lane.ran(self.backend, lane.where)
         lane.settle(self.backend)
-        objects = [*extra, *lane.objects()]
+        lane.owners.extend(owners)
+        released: list[Any] = [*objects, *lane.objects(self.backend)]
         if self._closed:
-            objects.append(lane.stream)
+            released.append(lane.stream)
         else:
             self._retired_streams.append(lane.stream)
-        self.backend.defer_destroy(objects, after=lane.stream)
+        self.backend.defer_destroy(released, after=lane.stream)
 
     async def _enqueue(
         self,
@@ -554,7 +576,7 @@ class PipelineCall:
             )
             await wait_stream(backend, lane.stream)
         except BaseException:
-            self._retire(lane, handles)  # the arrays stay referenced until the work is done
+            self._retire(lane, objects=handles)  # the arrays stay referenced until it is done
             raise
         backend.destroy_all(handles)
 
@@ -576,7 +598,7 @@ class PipelineCall:
         stream and before each consumer's by device-side waits.
         """
         backend = self.backend
-        leases: list[BufferHandle] = []
+        owners: list[Any] = []
         try:
             foreigners = _streams((*arrays, *results))  # results' memory may be in use there
             direct = given is not None or (
@@ -601,10 +623,17 @@ class PipelineCall:
                 for index, item in enumerate(items):
                     size = max(item.nbytes, 1)
                     if isinstance(item, DeviceArray):
-                        handle = backend.register_external_buffer(
-                            Lease(item.address, item.owner), size
+                        # Not registered with the backend: the call checked it, and the lane
+                        # keeps its owner referenced until the work is done.
+                        handle = BufferHandle(
+                            backend.backend_id,
+                            0,
+                            None,
+                            size,
+                            ownership=Ownership.EXTERNAL,
+                            address=item.address,
                         )
-                        leases.append(handle)
+                        owners.append(item.owner)
                     else:
                         handle = self._device_buffer(lane, (key, index), size)
                         if key == "operand" and item.nbytes:
@@ -631,9 +660,9 @@ class PipelineCall:
                     )
                     item.reshape(-1)[...] = values
         except BaseException:
-            self._retire(lane, leases)  # the leases hold the arrays until the work is done
+            self._retire(lane, owners)  # the arrays stay referenced until the work is done
             raise
-        lane.held.extend(leases)
+        lane.owners.extend(owners)
 
 
 def _streams(items: Sequence[_Array]) -> list[int]:
@@ -658,10 +687,11 @@ def _checked(
     array: Any, shape: PipelineBuffer, what: str, path: str, *, out: bool = False
 ) -> _Array:
     """A device array (its dtype checked), or a NumPy array (see :func:`_checked_array`)."""
-    array = cpu_array(array)  # host memory offered through DLPack: a NumPy view of it
-    device = device_array(array, what, path)
-    if device is None:
+    if isinstance(array, np.ndarray):
         return _checked_array(array, shape, what, path)
+    device = device_array(array, what, path)
+    if device is None:  # host memory offered through DLPack: a NumPy view of it
+        return _checked_array(cpu_array(array), shape, what, path)
     expected = _numpy_dtype(shape)
     if device.dtype != expected:
         raise LaunchArgumentMismatch(
@@ -671,7 +701,7 @@ def _checked(
 
 
 def _numpy_dtype(shape: PipelineBuffer) -> np.dtype[Any]:
-    return np.dtype(shape.dtype.numpy_name)
+    return _NUMPY_DTYPES[shape.dtype]
 
 
 def _checked_array(array: Any, shape: PipelineBuffer, what: str, path: str) -> np.ndarray[Any, Any]:
