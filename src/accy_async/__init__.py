@@ -9,6 +9,7 @@ uvloop and trio through AnyIO.
 from __future__ import annotations
 
 from . import library
+from ._version import __version__
 from .arrays import ArrayView
 from .backends import (
     Backend,
@@ -86,8 +87,6 @@ from .plan import (
 )
 from .trust import TrustPolicy
 from .waiting import synchronize, wait_event, wait_read, wait_stream
-
-__version__ = "0.1.0"
 
 __all__ = [
     "F32",

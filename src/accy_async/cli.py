@@ -23,7 +23,8 @@ import anyio.to_thread
 import msgspec
 import numpy as np
 
-from . import __version__, library
+from . import library
+from ._version import __version__
 from .backends import auto_backend_choice, open_backend
 from .backends.base import Limits
 from .backends.cpu_kernels import lookup_cpu_kernel

@@ -25,7 +25,17 @@ import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, get_args, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Final,
+    Literal,
+    Protocol,
+    TypeAlias,
+    get_args,
+    runtime_checkable,
+)
 
 import anyio
 import anyio.lowlevel
@@ -42,9 +52,11 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
-from ..trust import TrustPolicy
 from ._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
 from .forecast import Anticipation
+
+if TYPE_CHECKING:  # the trust model sits above the backends; they only hold a policy
+    from ..trust import TrustPolicy
 
 _logger: Final = logging.getLogger("accy_async")
 

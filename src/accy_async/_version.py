@@ -1,0 +1,3 @@
+"""The package's version (one place: the package and the command line read it)."""
+
+__version__ = "0.1.0"
