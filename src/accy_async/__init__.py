@@ -82,6 +82,7 @@ from .plan import (
     KernelCallPipeline,
     KernelCallRegistry,
     LaunchGraphPlan,
+    PipelineDocument,
     RegistryEntry,
     ScalarArgument,
 )
@@ -128,6 +129,7 @@ __all__ = [
     "OutOfDeviceMemory",
     "PipelineArtifactPool",
     "PipelineCall",
+    "PipelineDocument",
     "PipelineIntermediates",
     "PipelineLaunch",
     "PlanError",

@@ -64,7 +64,7 @@ from .waiting import CompletionLatch, release_when_idle, wait_event
 
 __all__ = ["GraphRun", "NodeCompletion", "launch_all", "launch_graph"]
 
-YIELD_EVERY: Final = 256
+_YIELD_EVERY: Final = 256
 """Enqueues between checkpoints, so a large graph never holds the event loop for long."""
 
 
@@ -374,7 +374,7 @@ class _Run:
                 continue
             self._enqueue_node(index, self.prepared[self.schedule.node_variant[index]], ())
             index += 1
-            if not self.launches % YIELD_EVERY:
+            if not self.launches % _YIELD_EVERY:
                 await checkpoint()
 
     async def _enqueue_loop(self, loop: GraphLoop) -> None:
@@ -386,7 +386,7 @@ class _Run:
             prepared = variants[iteration % 2]
             for index in range(first, end):
                 self._enqueue_node(index, prepared[index - first], ())
-                if not self.launches % YIELD_EVERY:
+                if not self.launches % _YIELD_EVERY:
                     await checkpoint()
 
     def _loop_variants(self, loop: GraphLoop) -> tuple[list[PreparedLaunch], list[PreparedLaunch]]:
@@ -448,7 +448,7 @@ class _Run:
             event = events.get(index)
             if event is not None:
                 backend.record_event(event, node_streams[index])
-            if not self.launches % YIELD_EVERY:
+            if not self.launches % _YIELD_EVERY:
                 await checkpoint()
 
     # ----- shared --------------------------------------------------------------------------

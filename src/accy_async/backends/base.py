@@ -88,6 +88,7 @@ __all__ = [
     "SupportsCudaStream",
     "WaitPolicy",
     "check_wait_policy",
+    "raw_stream_handle",
 ]
 
 DEFAULT_ALIGNMENT: Final = 256

@@ -55,7 +55,14 @@ from .base import (
     raw_stream_handle,
 )
 
-__all__ = ["FAULT_ERRORS", "FaultKind", "RecordedLaunch", "RecordingBackend", "fault_error"]
+__all__ = [
+    "FAULT_ERRORS",
+    "FAULT_KINDS",
+    "FaultKind",
+    "RecordedLaunch",
+    "RecordingBackend",
+    "fault_error",
+]
 
 FaultKind: TypeAlias = Literal[
     "allocate",

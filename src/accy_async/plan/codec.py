@@ -99,7 +99,7 @@ class LaunchGraphDocument(Base, tag="launch_graph", tag_field="kind", frozen=Tru
     description: str = ""
 
 
-MAX_PIPELINE_CANDIDATES: Final = 64
+_MAX_PIPELINE_CANDIDATES: Final = 64
 
 
 class PipelineTuningProblem(Base, frozen=True):
@@ -113,7 +113,7 @@ class PipelineTuningProblem(Base, frozen=True):
     name: Name
     candidates: Annotated[
         tuple[PipelineDocument, ...],
-        msgspec.Meta(min_length=1, max_length=MAX_PIPELINE_CANDIDATES),
+        msgspec.Meta(min_length=1, max_length=_MAX_PIPELINE_CANDIDATES),
     ]
     runtime_scalar_arguments: tuple[ScalarArgument, ...] = ()
 
