@@ -16,7 +16,7 @@ import pytest
 SOURCE = Path(__file__).parent.parent / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_version"),
+    ("errors", "_version", "_cache"),
     ("plan", "dlpack"),
     ("backends",),
     ("_loops",),
