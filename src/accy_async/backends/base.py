@@ -287,6 +287,14 @@ class Backend(abc.ABC):
             if not (owned_only and is_external(obj))
         }
 
+    def live_handles(self, *, owned_only: bool = False) -> list[DeviceObject]:
+        """The handles of :meth:`live_objects` (the default stream left out), to destroy them."""
+        return [
+            obj
+            for obj in self._live.values()
+            if obj is not self.default_stream and not (owned_only and is_external(obj))
+        ]
+
     def owns(self, obj: DeviceObject) -> bool:
         """Whether ``obj`` is a live object of this backend."""
         return obj.backend_id == self.backend_id and self._live.get(obj.id) is obj
@@ -879,7 +887,7 @@ class Backend(abc.ABC):
             while self._orphans:
                 orphans, _ = self._orphans.popleft()
                 self.destroy_all([obj for obj in orphans if self._live.get(obj.id) is obj])
-            leaked = [obj for obj in self._live.values() if obj is not self.default_stream]
+            leaked = self.live_handles()
             if leaked:
                 owned = [obj for obj in leaked if not is_external(obj)]
                 if owned:

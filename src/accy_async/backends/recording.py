@@ -253,6 +253,11 @@ class RecordingBackend(Backend):
         chosen = error or fault_error(kind)
         self._faults[kind] = _Fault(after=after, error=chosen, repeat=repeat)
 
+    def faults_fired(self, kind: FaultKind) -> int:
+        """How many times the fault injected for ``kind`` has fired (0 if none is injected)."""
+        fault = self._faults.get(kind)
+        return 0 if fault is None else fault.fired
+
     def clear_faults(self) -> None:
         """Remove every injected fault."""
         self._faults.clear()
