@@ -118,11 +118,7 @@ async def test_pipeline_calls_are_checkpoints(recording: accy.RecordingBackend) 
     await assert_checkpoint(scratch.aclose)
     await accy.synchronize(recording)
     recording.collect_deferred()
-    leftovers = [
-        recording._live[object_id]
-        for object_id in recording.live_objects()
-        if object_id not in (operand.id, result.id)
-    ]
+    leftovers = [obj for obj in recording.live_handles() if obj not in (operand, result)]
     recording.destroy_all(leftovers)  # what the checks loaded and allocated
     recording.destroy_all([operand, result])
 

@@ -71,9 +71,9 @@ async def test_each_kind_fails_with_the_error_the_seed_names(
     with pytest.raises(error):
         await call()
     # A one-shot fault fires once; the next call of that kind goes through.
-    assert backend._faults[kind].fired == 1
+    assert backend.faults_fired(kind) == 1
     backend.clear_faults()
-    backend.destroy_all([o for o in backend._live.values() if o is not backend.default_stream])
+    backend.destroy_all(backend.live_handles())
     await backend.aclose()
 
 

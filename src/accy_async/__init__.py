@@ -9,6 +9,7 @@ uvloop and trio through AnyIO.
 from __future__ import annotations
 
 from . import library
+from ._version import __version__
 from .arrays import ArrayView
 from .backends import (
     Backend,
@@ -81,13 +82,12 @@ from .plan import (
     KernelCallPipeline,
     KernelCallRegistry,
     LaunchGraphPlan,
+    PipelineDocument,
     RegistryEntry,
     ScalarArgument,
 )
 from .trust import TrustPolicy
 from .waiting import synchronize, wait_event, wait_read, wait_stream
-
-__version__ = "0.1.0"
 
 __all__ = [
     "F32",
@@ -129,6 +129,7 @@ __all__ = [
     "OutOfDeviceMemory",
     "PipelineArtifactPool",
     "PipelineCall",
+    "PipelineDocument",
     "PipelineIntermediates",
     "PipelineLaunch",
     "PlanError",

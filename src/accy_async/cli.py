@@ -23,7 +23,8 @@ import anyio.to_thread
 import msgspec
 import numpy as np
 
-from . import __version__, library
+from . import library
+from ._version import __version__
 from .backends import auto_backend_choice, open_backend
 from .backends.base import Limits
 from .backends.cpu_kernels import lookup_cpu_kernel
@@ -63,10 +64,10 @@ from .trust import TrustPolicy
 from .tune_command import add_tune_parser, tune
 from .waiting import wait_stream
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 
-class Progress:
+class _Progress:
     """Steps of long work on stderr, each with its elapsed time."""
 
     def __init__(self, stream: TextIO, *, quiet: bool = False) -> None:
@@ -80,16 +81,16 @@ class Progress:
             print(f"[{elapsed:7.3f} s] {message}", file=self.stream, flush=True)
 
 
-MSGPACK_SUFFIXES: Final = (".msgpack", ".mpk", ".msgpk")
+_MSGPACK_SUFFIXES: Final = (".msgpack", ".mpk", ".msgpk")
 """Plan files with these suffixes are read as MessagePack; any other file as JSON."""
 
 
-def load_document(reference: str) -> PlanDocument:
+def _load_document(reference: str) -> PlanDocument:
     """A plan from a file path (JSON, or MessagePack by suffix), or a built-in plan by name."""
     path = existing_file(reference, "plan file")
     if path is not None:
         data = path.read_bytes()
-        if path.suffix.lower() in MSGPACK_SUFFIXES:
+        if path.suffix.lower() in _MSGPACK_SUFFIXES:
             packed: PlanDocument = decode_msgpack(data, PlanDocument)
             return packed
         document: PlanDocument = decode_json(data, PlanDocument)
@@ -104,8 +105,8 @@ def load_document(reference: str) -> PlanDocument:
 # ----- demo --------------------------------------------------------------------------------
 
 
-async def demo(args: argparse.Namespace) -> int:
-    progress = Progress(sys.stderr, quiet=args.quiet)
+async def _demo(args: argparse.Namespace) -> int:
+    progress = _Progress(sys.stderr, quiet=args.quiet)
     n = args.n
     if args.backend == "auto":
         choice, reason = auto_backend_choice()
@@ -173,7 +174,7 @@ async def demo(args: argparse.Namespace) -> int:
 # ----- run ---------------------------------------------------------------------------------
 
 
-def parse_scalars(document: PipelineDocument, given: Sequence[str]) -> tuple[ScalarArgument, ...]:
+def _parse_scalars(document: PipelineDocument, given: Sequence[str]) -> tuple[ScalarArgument, ...]:
     """``NAME=VALUE`` (or positional ``VALUE``) pairs as the pipeline's typed runtime scalars."""
     pipeline = document.pipeline
     count = pipeline.runtime_scalar_argument_count
@@ -205,7 +206,7 @@ def parse_scalars(document: PipelineDocument, given: Sequence[str]) -> tuple[Sca
     return tuple(parsed)
 
 
-def parse_operand_files(document: PipelineDocument, given: Sequence[str]) -> dict[str, str]:
+def _parse_operand_files(document: PipelineDocument, given: Sequence[str]) -> dict[str, str]:
     """``NAME=FILE.npy`` items as a dict, every name one of the plan's operands."""
     known = [spec.name for spec in document.operands]
     files: dict[str, str] = {}
@@ -222,7 +223,7 @@ def parse_operand_files(document: PipelineDocument, given: Sequence[str]) -> dic
     return files
 
 
-def make_operand(
+def _make_operand(
     name: str, spec_dtype: DType, count: int, source: str | None, rng: np.random.Generator
 ) -> np.ndarray[Any, Any]:
     """Operand ``name`` read from ``source`` (checked against the plan) or generated."""
@@ -271,7 +272,7 @@ def _check_host_memory(document: PipelineDocument, scalars: Sequence[ScalarArgum
         )
 
 
-def output_folder(requested: str | None) -> Path:
+def _output_folder(requested: str | None) -> Path:
     """``--out`` as given, or a fresh ``accy-run-N`` folder in the working folder."""
     if requested is not None:
         return Path(requested)
@@ -282,8 +283,8 @@ def output_folder(requested: str | None) -> Path:
     raise AccyError("no free accy-run-N folder here; give --out")
 
 
-async def run(args: argparse.Namespace) -> int:
-    document = load_document(args.plan)
+async def _run(args: argparse.Namespace) -> int:
+    document = _load_document(args.plan)
     if not isinstance(document, PipelineDocument):
         raise AccyError("`run` takes pipeline plans; this file holds a launch graph")
     if (not document.operands and document.pipeline.operand_count) or (
@@ -292,12 +293,12 @@ async def run(args: argparse.Namespace) -> int:
         raise AccyError(
             "the plan does not describe its operands and results, so `run` cannot size them"
         )
-    scalars = parse_scalars(document, args.scalar)
-    sources = parse_operand_files(document, args.operand)
+    scalars = _parse_scalars(document, args.scalar)
+    sources = _parse_operand_files(document, args.operand)
     _check_host_memory(document, scalars)
     rng = np.random.default_rng(args.seed)
     inputs = [
-        make_operand(
+        _make_operand(
             spec.name,
             spec.dtype,
             resolve_quantity(spec.extent, scalars),
@@ -306,7 +307,7 @@ async def run(args: argparse.Namespace) -> int:
         )
         for spec in document.operands
     ]
-    folder = output_folder(args.out)
+    folder = _output_folder(args.out)
     written = [spec.name for spec in document.results] + [
         spec.name for spec in document.operands if spec.name not in sources
     ]
@@ -336,7 +337,7 @@ async def _run_on_backend(
     out: anyio.Path,
     policy: TrustPolicy | None,
 ) -> int:
-    progress = Progress(sys.stderr, quiet=args.quiet)
+    progress = _Progress(sys.stderr, quiet=args.quiet)
     async with open_backend(args.backend) as backend, backend.parallel_compilation(1):
         # Compiled in a worker process, under the compile limits (docs/security.md).
         backend.trust_policy = policy
@@ -386,7 +387,7 @@ async def _run_on_backend(
 # ----- validate and schema -----------------------------------------------------------------
 
 
-def validate(args: argparse.Namespace) -> int:
+def _validate(args: argparse.Namespace) -> int:
     failed = 0
     for reference in args.plans:
         problems = _problems_of(reference)
@@ -402,7 +403,7 @@ def validate(args: argparse.Namespace) -> int:
 def _problems_of(reference: str) -> list[AccyError]:
     """Every error of one plan file (or built-in name), each with its path in the document."""
     try:
-        document = load_document(reference)
+        document = _load_document(reference)
     except AccyError as exc:
         return [exc]
     except OSError as exc:
@@ -473,7 +474,7 @@ def _rooted(problem: AccyError, field: str, message: str) -> AccyError:
     return type(problem)(message, path=path)
 
 
-def schema(args: argparse.Namespace) -> int:
+def _schema(args: argparse.Namespace) -> int:
     text = msgspec.json.format(msgspec.json.encode(json_schema()), indent=2).decode()
     if args.output:
         try:
@@ -491,6 +492,7 @@ def schema(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line's argument parser (every command but ``bench``, which has its own)."""
     top = argparse.ArgumentParser(
         prog="accy-async", description=__doc__.splitlines()[0].replace("``", "")
     )
@@ -603,12 +605,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(lambda: bench_main(arguments[1:]))
     args = parser().parse_args(arguments)
     commands: dict[str, Callable[[], int]] = {
-        "demo": lambda: anyio.run(demo, args),
-        "run": lambda: anyio.run(run, args),
+        "demo": lambda: anyio.run(_demo, args),
+        "run": lambda: anyio.run(_run, args),
         "tune": lambda: anyio.run(tune, args),
-        "validate": lambda: validate(args),
-        "schema": lambda: schema(args),
-        "digests": lambda: digests(args, load_document),
+        "validate": lambda: _validate(args),
+        "schema": lambda: _schema(args),
+        "digests": lambda: digests(args, _load_document),
     }
     return _report(commands[args.command])
 

@@ -25,7 +25,6 @@ Cancellation does the same and re-raises the cancellation.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -33,6 +32,7 @@ from typing import Final
 import anyio
 import msgspec
 
+from ._cache import IdentityCache
 from ._loops import admit, checkpoint
 from .backends.base import (
     Backend,
@@ -64,7 +64,7 @@ from .waiting import CompletionLatch, release_when_idle, wait_event
 
 __all__ = ["GraphRun", "NodeCompletion", "launch_all", "launch_graph"]
 
-YIELD_EVERY: Final = 256
+_YIELD_EVERY: Final = 256
 """Enqueues between checkpoints, so a large graph never holds the event loop for long."""
 
 
@@ -182,14 +182,12 @@ class _Schedule:
     """Per node, the first producer at or after it on its stream (-1: the stream's end)."""
 
 
-_schedules: OrderedDict[tuple[int, int], _Schedule] = OrderedDict()
-_SCHEDULE_CAPACITY: Final = 64
+_schedules: IdentityCache[_Schedule] = IdentityCache(64)
 
 
 def _schedule(graph: LaunchGraphPlan, plan: ArtifactPlan) -> _Schedule:
-    key = (id(graph), id(plan))
-    cached = _schedules.get(key)
-    if cached is not None and cached.graph is graph and cached.plan is plan:
+    cached = _schedules.get((graph, plan))
+    if cached is not None:
         return cached
     validate_plan(graph)
     graph.validate(plan)
@@ -229,10 +227,7 @@ def _schedule(graph: LaunchGraphPlan, plan: ArtifactPlan) -> _Schedule:
         loop_at={loop.first_node_index: loop for loop in graph.loops},
         completion_producer=tuple(completion_producer),
     )
-    _schedules[key] = schedule
-    if len(_schedules) > _SCHEDULE_CAPACITY:
-        _schedules.popitem(last=False)
-    return schedule
+    return _schedules.put((graph, plan), schedule)
 
 
 def _crosses_streams(nodes: Sequence[GraphNode], dependency: GraphDependency) -> bool:
@@ -374,7 +369,7 @@ class _Run:
                 continue
             self._enqueue_node(index, self.prepared[self.schedule.node_variant[index]], ())
             index += 1
-            if not self.launches % YIELD_EVERY:
+            if not self.launches % _YIELD_EVERY:
                 await checkpoint()
 
     async def _enqueue_loop(self, loop: GraphLoop) -> None:
@@ -386,7 +381,7 @@ class _Run:
             prepared = variants[iteration % 2]
             for index in range(first, end):
                 self._enqueue_node(index, prepared[index - first], ())
-                if not self.launches % YIELD_EVERY:
+                if not self.launches % _YIELD_EVERY:
                     await checkpoint()
 
     def _loop_variants(self, loop: GraphLoop) -> tuple[list[PreparedLaunch], list[PreparedLaunch]]:
@@ -448,7 +443,7 @@ class _Run:
             event = events.get(index)
             if event is not None:
                 backend.record_event(event, node_streams[index])
-            if not self.launches % YIELD_EVERY:
+            if not self.launches % _YIELD_EVERY:
                 await checkpoint()
 
     # ----- shared --------------------------------------------------------------------------
@@ -524,18 +519,16 @@ async def launch_all(
     )
 
 
-_dataflow_graphs: OrderedDict[tuple[int, int, int, bool], tuple[ArtifactPlan, LaunchGraphPlan]] = (
-    OrderedDict()
-)
+_dataflow_graphs: IdentityCache[LaunchGraphPlan] = IdentityCache(64)
 
 
 def _dataflow_graph(plan: ArtifactPlan, options: LaunchOptions) -> LaunchGraphPlan:
     wait_count = len(options.wait_events)
     signal = options.signal_event is not None
-    key = (id(plan), id(options.tuning), wait_count, signal)
-    cached = _dataflow_graphs.get(key)
-    if cached is not None and cached[0] is plan and not options.runtime_scalar_arguments:
-        return cached[1]
+    key = (plan, options.tuning)
+    cached = _dataflow_graphs.get(key, (wait_count, signal))
+    if cached is not None and not options.runtime_scalar_arguments:
+        return cached
     graph = create_dataflow_launch_graph_plan(
         plan,
         tuning=options.tuning,
@@ -552,9 +545,7 @@ def _dataflow_graph(plan: ArtifactPlan, options: LaunchOptions) -> LaunchGraphPl
         event_count=wait_count + signal,
     )
     if not options.runtime_scalar_arguments:
-        _dataflow_graphs[key] = (plan, graph)
-        if len(_dataflow_graphs) > _SCHEDULE_CAPACITY:
-            _dataflow_graphs.popitem(last=False)
+        _dataflow_graphs.put(key, graph, (wait_count, signal))
     return graph
 
 

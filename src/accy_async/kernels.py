@@ -60,9 +60,10 @@ __all__ = [
     "PreparedLaunch",
     "SlotBinding",
     "load_kernels",
+    "slot_map",
 ]
 
-MAX_FALLBACK_FILL_BYTES: Final = 4096
+_MAX_FALLBACK_FILL_BYTES: Final = 4096
 """Largest slot filled by writing the pattern when the backend cannot fill (the seed's 4096)."""
 
 CandidateSynchronization: TypeAlias = Literal["none", "device", "stream", "event"]
@@ -573,7 +574,7 @@ def _fill(
     try:
         backend.fill_buffer(binding.handle, pattern, stream=stream)
     except UnsupportedOperation:
-        if byte_size > MAX_FALLBACK_FILL_BYTES:
+        if byte_size > _MAX_FALLBACK_FILL_BYTES:
             raise
         backend.write_buffer(
             binding.handle,

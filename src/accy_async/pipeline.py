@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, overload
 
+from ._cache import IdentityCache
 from ._loops import admit, checkpoint
 from .backends.base import (
     Backend,
@@ -353,17 +354,15 @@ class _Memo:
 
 _MEMO_CAPACITY: Final = 64
 
-_programs: OrderedDict[tuple[int, int, ArtifactFormat], _Program] = OrderedDict()
-_PROGRAM_CAPACITY: Final = 128
+_programs: IdentityCache[_Program] = IdentityCache(128)
 _RESOLVED_CAPACITY: Final = 64
 
 
 def _program(
     pipeline: KernelCallPipeline, registry: KernelCallRegistry, format: ArtifactFormat
 ) -> _Program:
-    key = (id(pipeline), id(registry), format)
-    program = _programs.get(key)
-    if program is not None and program.pipeline is pipeline and program.registry is registry:
+    program = _programs.get((pipeline, registry), format)
+    if program is not None:
         return program
     validate_plan(pipeline)
     validate_plan(registry)
@@ -378,11 +377,11 @@ def _program(
         )
         for stage in pipeline.stages
     )
-    program = _Program(pipeline, registry, format, entries, refs, OrderedDict())
-    _programs[key] = program
-    if len(_programs) > _PROGRAM_CAPACITY:
-        _programs.popitem(last=False)
-    return program
+    return _programs.put(
+        (pipeline, registry),
+        _Program(pipeline, registry, format, entries, refs, OrderedDict()),
+        format,
+    )
 
 
 def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float]) -> _Resolved:

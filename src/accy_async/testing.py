@@ -285,16 +285,16 @@ async def cancellation_sweep(
     return report
 
 
-LINEAR_POINTS: Final = 200
+_LINEAR_POINTS: Final = 200
 """Points 0..199 cancel after that many checkpoints (or microseconds, for timeouts); later
 points wait 5% longer each, from 200 us, so long scenarios are covered in a few hundred."""
 
 
 def _schedule(k: int) -> tuple[int, float]:
     """``(checkpoints, extra seconds)`` to wait before cancelling at point ``k``."""
-    if k < LINEAR_POINTS:
+    if k < _LINEAR_POINTS:
         return k, 0.0
-    return LINEAR_POINTS, 200e-6 * 1.05 ** (k - LINEAR_POINTS)
+    return _LINEAR_POINTS, 200e-6 * 1.05 ** (k - _LINEAR_POINTS)
 
 
 async def _cancel_at(

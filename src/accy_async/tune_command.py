@@ -71,7 +71,7 @@ def add_tune_parser(commands: Any) -> None:
     add_trust_arguments(command)
 
 
-class ProgressBar:
+class _ProgressBar:
     """``[###...] done/total ~Ns left  last candidate`` on one terminal line (else plain lines).
 
     The time left is the time per candidate so far times the candidates to go.
@@ -206,7 +206,7 @@ async def _tune_on_backend(
                 "each candidate is compiled, warmed up and timed until its median settles",
                 file=sys.stderr,
             )
-        bar = ProgressBar(sys.stderr, candidates, quiet=args.quiet or args.json)
+        bar = _ProgressBar(sys.stderr, candidates, quiet=args.quiet or args.json)
         cache = None if args.no_cache else args.cache or default_cache_path()
         settings = TuningSettings(flush_cache=args.flush_cache)
         started = time.perf_counter()

@@ -28,13 +28,13 @@ WAKE_CHUNK: Final = 8
 """Most waiters one wake-up resumes; a larger burst is spread over loop iterations, so that
 timers and other tasks run between the chunks (a resumed task may go on to heavy work)."""
 
-W = TypeVar("W")
+_W = TypeVar("_W")
 
 Register: TypeAlias = Callable[[CompletionCallback], CompletionRegistration]
 """Hands a callback to a backend and returns its registration (see :meth:`Loop.wait`)."""
 
 
-class Bridge(ABC, Generic[W]):
+class Bridge(ABC, Generic[_W]):
     """Delivers completions to one event loop from any thread.
 
     On the loop's own thread a completion wakes its waiter at once. From
@@ -48,10 +48,10 @@ class Bridge(ABC, Generic[W]):
     def __init__(self) -> None:
         self._thread_id = threading.get_ident()
         self._lock = threading.Lock()
-        self._batch: deque[tuple[W, BaseException | None]] = deque()
+        self._batch: deque[tuple[_W, BaseException | None]] = deque()
         self._scheduled = False
 
-    def deliver(self, waiter: W, error: BaseException | None) -> None:
+    def deliver(self, waiter: _W, error: BaseException | None) -> None:
         """Wake ``waiter`` (with ``error``, if any); from any thread."""
         if threading.get_ident() == self._thread_id:
             self._wake(waiter, error)
@@ -75,7 +75,7 @@ class Bridge(ABC, Generic[W]):
             self._post_soon(self._drain)
 
     @abstractmethod
-    def _wake(self, waiter: W, error: BaseException | None) -> None:
+    def _wake(self, waiter: _W, error: BaseException | None) -> None:
         """Resume ``waiter``; on the loop's thread."""
 
     @abstractmethod

@@ -113,7 +113,7 @@ class AlarmClock(ABC):
 # ----- the timerfd clock ------------------------------------------------------------------
 
 
-class Timerfd:
+class _Timerfd:
     """A non-blocking ``CLOCK_MONOTONIC`` timerfd armed at absolute deadlines."""
 
     def __init__(self) -> None:
@@ -188,7 +188,7 @@ class TimerfdClock(AlarmClock):
 
     def __init__(self) -> None:
         super().__init__()
-        self.timer = Timerfd()
+        self.timer = _Timerfd()
         self._heap: list[tuple[float, int, Alarm]] = []
         """Pending alarms; the timerfd is armed for the first one's instant."""
         self._sequence = itertools.count()

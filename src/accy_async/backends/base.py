@@ -1,4 +1,7 @@
-"""The backend contract: handles, the :class:`Backend` base class, and what every backend shares.
+"""The backend contract: the :class:`Backend` base class and what every backend shares.
+
+The handles it gives out live in :mod:`._handles`, what a waiter watches in
+:mod:`._marks`, the bound launch in :mod:`._launcher`; all are re-exported here.
 
 A backend owns device objects (buffers, loaded artifacts, streams, events) and
 offers *non-blocking* primitives over them: allocate, enqueue a copy, fill,
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import enum
 import itertools
 import logging
 import threading
@@ -25,7 +27,15 @@ import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, get_args, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Final,
+    Literal,
+    TypeAlias,
+    get_args,
+)
 
 import anyio
 import anyio.lowlevel
@@ -42,9 +52,31 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
-from ..trust import TrustPolicy
 from ._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
+from ._handles import (
+    DEFAULT_ALIGNMENT,
+    DEFAULT_STREAM_ID,
+    Access,
+    BufferBinding,
+    BufferHandle,
+    DeviceObject,
+    EventHandle,
+    KernelArtifact,
+    LoadedArtifact,
+    Ownership,
+    StreamHandle,
+    StreamLike,
+    SupportsCudaStream,
+    is_external,
+    raw_handle_of,
+    raw_stream_handle,
+)
+from ._launcher import StageLauncher
+from ._marks import PendingRead, StreamMark
 from .forecast import Anticipation
+
+if TYPE_CHECKING:  # the trust model sits above the backends; they only hold a policy
+    from ..trust import TrustPolicy
 
 _logger: Final = logging.getLogger("accy_async")
 
@@ -76,16 +108,8 @@ __all__ = [
     "SupportsCudaStream",
     "WaitPolicy",
     "check_wait_policy",
+    "raw_stream_handle",
 ]
-
-DEFAULT_ALIGNMENT: Final = 256
-"""Byte alignment of every buffer a backend allocates (the seeds' 256)."""
-
-DEFAULT_STREAM_ID: Final = 0
-"""The default stream's id; objects a backend creates are numbered from 1."""
-
-Access: TypeAlias = Literal["read_only", "write_only", "read_write"]
-"""How a launch may use a buffer. The CPU backend enforces ``read_only``."""
 
 WaitPolicy: TypeAlias = Literal["latency", "balanced", "frugal"]
 """How a wait trades CPU for latency (see :mod:`accy_async.waiting`).
@@ -110,353 +134,6 @@ def check_wait_policy(policy: str) -> None:
 
 
 _backend_ids = itertools.count(1)
-
-
-class Ownership(enum.Enum):
-    """Who frees a buffer: the backend that allocated it, or someone else."""
-
-    BACKEND = "backend"
-    EXTERNAL = "external"
-
-
-class DeviceObject:
-    """Something a backend created and must destroy exactly once."""
-
-    __slots__ = ("backend_id", "id", "native")
-    kind: ClassVar[str] = "object"
-
-    def __init__(self, backend_id: int, object_id: int, native: Any) -> None:
-        self.backend_id = backend_id
-        self.id = object_id
-        self.native = native
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.id} of backend {self.backend_id}>"
-
-
-class BufferHandle(DeviceObject):
-    """A buffer of ``byte_size`` bytes; ``native`` is the backend's own (pointer, array)."""
-
-    __slots__ = ("address", "byte_size", "dtype", "ownership")
-    kind = "buffer"
-
-    def __init__(
-        self,
-        backend_id: int,
-        object_id: int,
-        native: Any,
-        byte_size: int,
-        *,
-        ownership: Ownership = Ownership.BACKEND,
-        dtype: DType | None = None,
-        address: int = 0,
-    ) -> None:
-        super().__init__(backend_id, object_id, native)
-        self.byte_size = byte_size
-        self.ownership = ownership
-        self.dtype = dtype
-        self.address = address
-        """Where the buffer starts in the backend's address space (a device pointer on CUDA)."""
-
-    def bind(
-        self, access: Access = "read_write", *, offset: int = 0, byte_size: int | None = None
-    ) -> BufferBinding:
-        """A binding of this buffer (or of ``byte_size`` bytes at ``offset``) for a launch."""
-        return BufferBinding(self, access, offset=offset, byte_size=byte_size)
-
-
-class StreamHandle(DeviceObject):
-    """An in-order queue of device work.
-
-    On CUDA it speaks the ``__cuda_stream__`` protocol, so PyTorch, CuPy and
-    cuda.core take it where they take a stream. ``external`` streams belong to
-    another library (see :meth:`Backend.adopt_stream`): destroying one only
-    forgets it.
-    """
-
-    __slots__ = ("external",)
-    kind = "stream"
-
-    def __init__(
-        self, backend_id: int, object_id: int, native: Any, *, external: bool = False
-    ) -> None:
-        super().__init__(backend_id, object_id, native)
-        self.external = external
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        """``(0, the raw CUstream handle)``, the protocol of cuda.core (CUDA streams only)."""
-        try:
-            return (0, int(self.native))
-        except TypeError:
-            raise TypeError(f"{self!r} is not a CUDA stream") from None
-
-
-@runtime_checkable
-class SupportsCudaStream(Protocol):
-    """A stream of another library: ``__cuda_stream__()`` gives ``(0, raw handle)``."""
-
-    def __cuda_stream__(self) -> tuple[int, int]: ...
-
-
-StreamLike: TypeAlias = "StreamHandle | SupportsCudaStream | int"
-"""Where a stream is taken: a :class:`StreamHandle`, another library's stream
-(anything with ``__cuda_stream__``: cuda.core, CuPy, PyTorch; or
-``cuda_stream``, PyTorch's older spelling), or a raw ``CUstream`` handle."""
-
-
-def raw_stream_handle(stream: object) -> int:
-    """The raw ``CUstream`` handle of another library's stream, or :class:`InvalidBuffer`."""
-    if isinstance(stream, bool):
-        raise InvalidBuffer(f"{stream!r} is not a stream", path="$.stream")
-    if isinstance(stream, int):
-        return stream
-    protocol = getattr(stream, "__cuda_stream__", None)
-    if protocol is not None:
-        try:
-            version, handle = protocol()
-        except Exception as exc:
-            raise InvalidBuffer(
-                f"{type(stream).__name__}.__cuda_stream__() failed: {exc}", path="$.stream"
-            ) from exc
-        if version != 0:
-            raise InvalidBuffer(
-                f"{type(stream).__name__} speaks __cuda_stream__ version {version}; "
-                "accy-async knows version 0",
-                path="$.stream",
-            )
-        return int(handle)
-    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream before the protocol
-    if isinstance(handle, int) and not isinstance(handle, bool):
-        return handle
-    raise InvalidBuffer(
-        f"{type(stream).__name__} is not a stream (a StreamHandle, an object with "
-        "__cuda_stream__, or a raw CUstream handle)",
-        path="$.stream",
-    )
-
-
-class EventHandle(DeviceObject):
-    """A marker recorded on a stream; complete once the work before it has finished.
-
-    ``timing`` events can be given to :meth:`Backend.elapsed_seconds`.
-    """
-
-    __slots__ = ("timing",)
-    kind = "event"
-
-    def __init__(self, backend_id: int, object_id: int, native: Any, *, timing: bool) -> None:
-        super().__init__(backend_id, object_id, native)
-        self.timing = timing
-
-
-class LoadedArtifact(DeviceObject):
-    """A kernel loaded onto the device (a module and its function), ready to launch."""
-
-    __slots__ = ("artifact",)
-    kind = "loaded_artifact"
-
-    def __init__(self, backend_id: int, object_id: int, native: Any, artifact: KernelArtifact):
-        super().__init__(backend_id, object_id, native)
-        self.artifact = artifact
-
-
-class KernelArtifact:
-    """A created (compiled) kernel: its spec and the backend's image of it.
-
-    Host memory only; the garbage collector frees it. ``image`` is a cubin or
-    PTX for CUDA, the kernel function for the CPU backend.
-    """
-
-    __slots__ = ("image", "image_format", "spec")
-
-    def __init__(self, spec: ArtifactSpec, image: Any, image_format: str) -> None:
-        self.spec = spec
-        self.image = image
-        self.image_format = image_format
-
-    @property
-    def scalar_argument_count(self) -> int:
-        """Scalars the kernel takes, after its buffers."""
-        return self.spec.scalar_argument_count
-
-    @property
-    def buffer_argument_count(self) -> int:
-        """Buffers the kernel takes."""
-        return self.spec.buffer_argument_count
-
-    def __repr__(self) -> str:
-        return f"<KernelArtifact {self.spec.kernel_name} ({self.image_format})>"
-
-
-class BufferBinding:
-    """A buffer (or a byte range of it) bound to a launch argument with an access mode.
-
-    ``address`` is where the bound range starts (the handle's address plus
-    ``offset``), as a kernel receives it.
-    """
-
-    __slots__ = ("access", "address", "byte_size", "handle", "offset")
-
-    def __init__(
-        self,
-        handle: BufferHandle,
-        access: Access = "read_write",
-        *,
-        offset: int = 0,
-        byte_size: int | None = None,
-    ) -> None:
-        self.handle = handle
-        self.access: Access = access
-        self.offset = offset
-        self.address = handle.address + offset
-        self.byte_size = handle.byte_size - offset if byte_size is None else byte_size
-
-    def with_access(self, access: Access) -> BufferBinding:
-        """The same range with another access mode."""
-        if access == self.access:
-            return self
-        return BufferBinding(self.handle, access, offset=self.offset, byte_size=self.byte_size)
-
-    def aliases(self, other: BufferBinding) -> bool:
-        """Whether both bind the same buffer (the seed's rule: same backend, same id)."""
-        return (
-            self.handle.backend_id == other.handle.backend_id and self.handle.id == other.handle.id
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"<BufferBinding {self.handle.id} {self.access} "
-            f"[{self.offset}:{self.offset + self.byte_size}]>"
-        )
-
-
-class StreamMark(abc.ABC):
-    """The work a stream had when it was marked (:meth:`Backend.mark_stream`).
-
-    Use it from the event loop's thread, then :meth:`release` it exactly once,
-    whether the wait completed, failed or was cancelled.
-    """
-
-    __slots__ = ()
-
-    @property
-    @abc.abstractmethod
-    def backend(self) -> Backend:
-        """The backend whose stream was marked."""
-
-    @abc.abstractmethod
-    def query(self) -> bool:
-        """Whether that work has completed; never blocks; raises the backend's fault."""
-
-    @abc.abstractmethod
-    def anticipate(self) -> Anticipation | None:
-        """When it should complete, as :meth:`Backend.anticipate` tells for events."""
-
-    @abc.abstractmethod
-    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
-        """Call ``callback`` (from any thread) once it completes or cannot."""
-
-    @abc.abstractmethod
-    def release(self) -> None:
-        """Give the mark back to the backend."""
-
-
-class PendingRead(abc.ABC):
-    """A device-to-host copy enqueued on a stream.
-
-    Await it with :func:`accy_async.waiting.wait_read`, or register a callback
-    with :meth:`notify_when_complete`, then take :meth:`result`.
-    """
-
-    __slots__ = ()
-
-    @abc.abstractmethod
-    def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
-        """Call ``callback`` once the copy has landed (or cannot)."""
-
-    def stream_mark(self) -> StreamMark | None:
-        """The point in the stream where the copy has landed, if the backend has one.
-
-        :func:`accy_async.waiting.wait_read` watches it as it watches stream
-        marks; the read owns it (do not release it). ``None`` by default.
-        """
-        return None
-
-    @abc.abstractmethod
-    def result(self) -> memoryview:
-        """The bytes read; call only after completion."""
-
-    @abc.abstractmethod
-    def discard(self) -> None:
-        """Give up on the read (after an error or cancellation); releases what it holds."""
-
-
-class StageLauncher:
-    """Launches one loaded kernel without per-launch checks: the hot path.
-
-    Made by :meth:`Backend.stage_launcher`. The caller checks its buffers and
-    counts once, then either calls the launcher with bindings and scalars,
-    or, to launch the same arguments many times, turns them into a
-    backend-specific packed form once with :meth:`prepare` and launches that
-    with :meth:`launch_prepared`. A closed or faulted backend still refuses.
-    """
-
-    __slots__ = ("backend", "loaded")
-
-    def __init__(self, backend: Backend, loaded: LoadedArtifact) -> None:
-        self.backend = backend
-        self.loaded = loaded
-
-    def __call__(
-        self,
-        buffers: Sequence[BufferBinding],
-        scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
-        stream: StreamHandle | None,
-        wait_events: Sequence[EventHandle] = (),
-        signal_event: EventHandle | None = None,
-    ) -> None:
-        """Enqueue one launch of the bound kernel."""
-        self.backend.launch_trusted(
-            self.loaded,
-            buffers,
-            scalars,
-            grid,
-            block,
-            shared_memory_bytes,
-            stream,
-            wait_events,
-            signal_event,
-            self.loaded.artifact.spec.diagnostic_id,
-        )
-
-    def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
-        """The arguments in the form :meth:`launch_prepared` takes."""
-        return (tuple(buffers), tuple(scalars))
-
-    def launch_prepared(
-        self,
-        prepared: Any,
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
-        stream: StreamHandle | None,
-        wait_events: Sequence[EventHandle] = (),
-        signal_event: EventHandle | None = None,
-    ) -> None:
-        """Enqueue one launch with arguments from :meth:`prepare`."""
-        self(
-            prepared[0],
-            prepared[1],
-            grid,
-            block,
-            shared_memory_bytes,
-            stream,
-            wait_events,
-            signal_event,
-        )
 
 
 class DeviceIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -607,8 +284,16 @@ class Backend(abc.ABC):
         return {
             object_id: obj.kind
             for object_id, obj in self._live.items()
-            if not (owned_only and _external(obj))
+            if not (owned_only and is_external(obj))
         }
+
+    def live_handles(self, *, owned_only: bool = False) -> list[DeviceObject]:
+        """The handles of :meth:`live_objects` (the default stream left out), to destroy them."""
+        return [
+            obj
+            for obj in self._live.values()
+            if obj is not self.default_stream and not (owned_only and is_external(obj))
+        ]
 
     def owns(self, obj: DeviceObject) -> bool:
         """Whether ``obj`` is a live object of this backend."""
@@ -833,7 +518,7 @@ class Backend(abc.ABC):
         if adopted is not None:
             return adopted
         for ours in self.live_streams():  # one of ours, by its raw handle: not an alias
-            if not ours.external and _raw_of(ours) == raw:
+            if not ours.external and raw_handle_of(ours) == raw:
                 self._adopted[raw] = ours
                 return ours
         object_id = next(self._ids)
@@ -1089,7 +774,7 @@ class Backend(abc.ABC):
         if isinstance(obj, StreamHandle):
             if obj is self.default_stream:
                 raise InvalidBuffer("the default stream cannot be destroyed")
-            raw = _raw_of(obj)
+            raw = raw_handle_of(obj)
             if raw is not None and self._adopted.get(raw) is obj:
                 del self._adopted[raw]
             if obj.external:
@@ -1202,9 +887,9 @@ class Backend(abc.ABC):
             while self._orphans:
                 orphans, _ = self._orphans.popleft()
                 self.destroy_all([obj for obj in orphans if self._live.get(obj.id) is obj])
-            leaked = [obj for obj in self._live.values() if obj is not self.default_stream]
+            leaked = self.live_handles()
             if leaked:
-                owned = [obj for obj in leaked if not _external(obj)]
+                owned = [obj for obj in leaked if not is_external(obj)]
                 if owned:
                     message = (
                         f"accy-async: {len(owned)} objects were still alive when the "
@@ -1397,18 +1082,3 @@ class Backend(abc.ABC):
         """The address a kernel sees for a buffer's ``native`` object (0 if none)."""
         del native
         return 0
-
-
-def _external(obj: DeviceObject) -> bool:
-    """Whether ``obj`` belongs to someone else: an external buffer or an adopted stream."""
-    if isinstance(obj, BufferHandle):
-        return obj.ownership is Ownership.EXTERNAL
-    return isinstance(obj, StreamHandle) and obj.external
-
-
-def _raw_of(stream: StreamHandle) -> int | None:
-    """``stream``'s raw ``CUstream`` handle, ``None`` for a stream that is not CUDA's."""
-    try:
-        return stream.__cuda_stream__()[1]
-    except TypeError:
-        return None

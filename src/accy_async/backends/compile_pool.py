@@ -32,7 +32,14 @@ import msgspec
 from ..errors import AccyError, CompilationError, RuntimeUnavailable
 from .nvrtc import CompiledImage, cached_image, remember_image
 
-__all__ = ["CompileLimits", "CompilePool", "shared_compile_pool", "shutdown_compile_pool"]
+__all__ = [
+    "CompileLimits",
+    "CompilePool",
+    "read_frame",
+    "shared_compile_pool",
+    "shutdown_compile_pool",
+    "write_frame",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ from .base import (
 )
 from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel, parse_defines
 
-__all__ = ["CpuBackend"]
+__all__ = ["CpuBackend", "host_memory_available"]
 
 _STOP: Final = object()
 _YIELD_EVERY: Final = 8

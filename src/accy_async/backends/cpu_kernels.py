@@ -25,6 +25,7 @@ __all__ = [
     "CpuKernelFunction",
     "CpuLaunchContext",
     "cpu_kernel",
+    "describe",
     "lookup_cpu_kernel",
     "parse_defines",
     "registered_cpu_kernels",

@@ -24,14 +24,7 @@ from ..errors import (
     RuntimeUnavailable,
 )
 
-__all__ = [
-    "STICKY",
-    "driver",
-    "initialised_driver",
-    "libcuda",
-    "probe_cuda",
-    "translate",
-]
+__all__ = ["STICKY", "driver", "initialised_driver", "libc", "libcuda", "probe_cuda", "translate"]
 
 
 def driver() -> Any:
@@ -91,7 +84,7 @@ _ARGUMENTS: Final = frozenset(
 _HANDLES: Final = frozenset({"CUDA_ERROR_INVALID_HANDLE", "CUDA_ERROR_ILLEGAL_STATE"})
 
 
-def error_name(code: Any) -> str:
+def _error_name(code: Any) -> str:
     """``CUDA_ERROR_...`` for a ``CUresult`` (or its integer value)."""
     value = int(code)
     for name, number in _codes().items():
@@ -102,7 +95,7 @@ def error_name(code: Any) -> str:
 
 def translate(code: Any, action: str) -> AccyError:
     """The accy-async error for a failed ``CUresult`` of ``action``."""
-    name = error_name(code)
+    name = _error_name(code)
     message = f"{action} failed: {name}"
     if name in STICKY:
         return DeviceFault(message)
@@ -147,7 +140,7 @@ def initialised_driver() -> Any:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RuntimeUnavailable(f"no NVIDIA driver on this machine ({first_line})") from exc
     if int(result):
-        raise RuntimeUnavailable(f"the CUDA driver does not initialise ({error_name(result)})")
+        raise RuntimeUnavailable(f"the CUDA driver does not initialise ({_error_name(result)})")
     return d
 
 

@@ -33,7 +33,7 @@ after a few completions; one that always takes as long, after one.
 Sightings cost a waiter nothing: :meth:`Ledger.sighted` queues them (from
 any thread: the loop's polls, the CUDA reactor's), and they are folded in on
 the loop's thread the next time the ledger is used, after the waiter has
-resumed. A model that already predicts within :data:`ACCURATE` skips most
+resumed. A model that already predicts within :data:`_ACCURATE` skips most
 updates.
 """
 
@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 __all__ = [
+    "LAUNCH_LATENCY",
     "Anticipation",
     "CostModel",
     "Forecast",
@@ -57,19 +58,19 @@ __all__ = [
 LAUNCH_LATENCY: Final = 3e-6
 """From a launch's return to the kernel starting on an idle device (2.4-2.8 µs on an H200)."""
 
-BURST_GAP: Final = 50e-6
+_BURST_GAP: Final = 50e-6
 """Items enqueued within this of the one before belong to its burst."""
 
-MEASURED_WITHIN: Final = 30e-6
+_MEASURED_WITHIN: Final = 30e-6
 """A completion bracketed this narrowly (or within 4% of the burst) counts as a measurement."""
 
-FORGET: Final = 0.95
+_FORGET: Final = 0.95
 """Each sample's weight relative to the next one's: models follow a kernel that changes."""
 
-SMALLEST_COST: Final = 1e-6
+_SMALLEST_COST: Final = 1e-6
 """Costs are predicted no shorter than this."""
 
-ACCURATE: Final = 0.015
+_ACCURATE: Final = 0.015
 """A model whose prediction was this close (relatively) updates its fit only now and then."""
 
 _REFIT_EVERY: Final = 16
@@ -183,7 +184,7 @@ class CostModel:
             return None
         intercept, slope, _ = best
         if not slope and not self._prefer_local:
-            return max(intercept, SMALLEST_COST)
+            return max(intercept, _SMALLEST_COST)
         line, local = self._predictions(best, self.features(arguments))
         return local if self._prefer_local and local is not None else line
 
@@ -193,17 +194,17 @@ class CostModel:
         """The line's prediction, and the one from the measured points near ``x`` (if any)."""
         intercept, slope, index = best
         if index >= len(features):
-            return max(intercept, SMALLEST_COST), None
+            return max(intercept, _SMALLEST_COST), None
         x = features[index]
-        line = max(intercept + slope * x, SMALLEST_COST)
+        line = max(intercept + slope * x, _SMALLEST_COST)
         near = self._near(index, x)
         if near is None:
             return line, None
         (x0, t0), other = near
         if other is not None and other[0] != x0:
             x1, t1 = other
-            return line, max(t0 + (t1 - t0) * (x - x0) / (x1 - x0), SMALLEST_COST)
-        return line, max(t0 + slope * (x - x0), SMALLEST_COST)
+            return line, max(t0 + (t1 - t0) * (x - x0) / (x1 - x0), _SMALLEST_COST)
+        return line, max(t0 + slope * (x - x0), _SMALLEST_COST)
 
     def _near(
         self, index: int, x: float
@@ -245,17 +246,17 @@ class CostModel:
             self._judge(line, local, seconds)
         self._remember(features, seconds)
         if best is not None:
-            error = abs(predicted - seconds) / max(seconds, SMALLEST_COST)
+            error = abs(predicted - seconds) / max(seconds, _SMALLEST_COST)
             self.relative_error += (min(error, 4.0) - self.relative_error) / 4
             self.checked += 1
-            if error < ACCURATE and self.samples >= 8 and self.checked % _REFIT_EVERY:
+            if error < _ACCURATE and self.samples >= 8 and self.checked % _REFIT_EVERY:
                 return  # nothing new to learn; the fit costs more than the check
         if len(self._sums) != len(features):  # the first sample (or the arity changed)
             self._sums = [[0.0] * 6 for _ in features]
         weight = 1.0 / max(seconds, 10e-6) ** 2
         for sums, x in zip(self._sums, features, strict=True):
             for slot in range(6):
-                sums[slot] *= FORGET
+                sums[slot] *= _FORGET
             sums[0] += weight
             sums[1] += weight * x
             sums[2] += weight * x * x
@@ -267,7 +268,7 @@ class CostModel:
 
     def _judge(self, line: float, local: float | None, seconds: float) -> None:
         """Score the line's and the measured points' predictions; prefer the better."""
-        actual = max(seconds, SMALLEST_COST)
+        actual = max(seconds, _SMALLEST_COST)
         self._line_error += (min(abs(line - seconds) / actual, 4.0) - self._line_error) / 8
         if local is not None:
             error = min(abs(local - seconds) / actual, 4.0)
@@ -318,7 +319,7 @@ class CostModel:
         return f"<CostModel {self.name}: {self.samples} samples, fit {self._best}>"
 
 
-def burst_features(burst: Sequence[Item]) -> tuple[float, ...]:
+def _burst_features(burst: Sequence[Item]) -> tuple[float, ...]:
     """A burst's features: per kernel of the burst (in order), the sums of its items' features."""
     sums: dict[int, list[float]] = {}
     for model, arguments, _ in burst:
@@ -364,7 +365,7 @@ class Forecast:
         key = tuple(model for model, _, _ in burst)
         if len(self._bursts) >= 4096:  # a program of endlessly new sequences
             self._bursts.clear()
-        model = self._bursts[key] = CostModel("+".join(each.name for each in key), burst_features)
+        model = self._bursts[key] = CostModel("+".join(each.name for each in key), _burst_features)
         return model
 
     def predict(self, burst: Sequence[Item]) -> tuple[float, float] | None:
@@ -559,7 +560,7 @@ class Ledger:
             begin = self._begin_of(bursts)
             if begin is not None:
                 narrow = pending_at is not None and seen_at - pending_at <= max(
-                    MEASURED_WITHIN, 0.04 * (seen_at - begin)
+                    _MEASURED_WITHIN, 0.04 * (seen_at - begin)
                 )
                 lower = 0.0 if pending_at is None else pending_at - begin
                 self._learn(last, lower, seen_at - begin, narrow)
@@ -649,7 +650,7 @@ def _iter_bursts(items: Sequence[Item], longest: float = math.inf) -> Iterator[l
             yield [item]
             last_enqueued = -math.inf
             continue
-        if current and (enqueued_at - last_enqueued > BURST_GAP or len(current) >= longest):
+        if current and (enqueued_at - last_enqueued > _BURST_GAP or len(current) >= longest):
             yield current
             current = []
         current.append(item)

@@ -55,7 +55,14 @@ from .base import (
     raw_stream_handle,
 )
 
-__all__ = ["FAULT_ERRORS", "FaultKind", "RecordedLaunch", "RecordingBackend", "fault_error"]
+__all__ = [
+    "FAULT_ERRORS",
+    "FAULT_KINDS",
+    "FaultKind",
+    "RecordedLaunch",
+    "RecordingBackend",
+    "fault_error",
+]
 
 FaultKind: TypeAlias = Literal[
     "allocate",
@@ -245,6 +252,11 @@ class RecordingBackend(Backend):
             raise ValueError(f"unknown fault kind {kind!r}; expected one of {FAULT_KINDS}")
         chosen = error or fault_error(kind)
         self._faults[kind] = _Fault(after=after, error=chosen, repeat=repeat)
+
+    def faults_fired(self, kind: FaultKind) -> int:
+        """How many times the fault injected for ``kind`` has fired (0 if none is injected)."""
+        fault = self._faults.get(kind)
+        return 0 if fault is None else fault.fired
 
     def clear_faults(self) -> None:
         """Remove every injected fault."""

@@ -82,7 +82,7 @@ async def _heartbeat_alone(seconds: float) -> dict[str, Any]:
     }
 
 
-async def latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
+async def _latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
     """Each way of waiting, on the event loop library running this coroutine."""
     d = driver()
     rows: dict[str, Any] = {
@@ -220,6 +220,6 @@ def run_latency(rig: Rig, library: str, spin_ns: int, trials: int) -> dict[str, 
 
     async def body() -> dict[str, Any]:
         driver().cuCtxSetCurrent(rig.context)
-        return await latency_rows(rig, spin_ns, trials, library)
+        return await _latency_rows(rig, spin_ns, trials, library)
 
     return run_on(library, body)

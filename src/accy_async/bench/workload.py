@@ -107,9 +107,9 @@ T = TypeVar("T")
 
 LIBRARIES: Final = ("asyncio", "uvloop", "trio")
 SECTIONS: Final = ("completion", "service", "cancellation")
-SEED: Final = 20261201
+_SEED: Final = 20261201
 
-SPIN_STAMP: Final = r"""
+_SPIN_STAMP: Final = r"""
 extern "C" __global__ void spin_stamp(volatile unsigned long long* stamp,
                                        unsigned long long ns) {
     unsigned long long start, now;
@@ -123,7 +123,7 @@ extern "C" __global__ void spin_stamp(volatile unsigned long long* stamp,
 """
 """The rig's ``spin_then_stamp`` with the buffer first, as accy-async launches take them."""
 
-SPIN_STAMP_HIDDEN: Final = r"""
+_SPIN_STAMP_HIDDEN: Final = r"""
 extern "C" __global__ void spin_stamp_hidden(volatile unsigned long long* stamp,
                                               const unsigned long long* length,
                                               unsigned long long unused) {
@@ -138,16 +138,16 @@ extern "C" __global__ void spin_stamp_hidden(volatile unsigned long long* stamp,
 """
 """``spin_stamp`` whose length comes from device memory: nothing in the launch predicts it."""
 
-ONE: Final = (1, 1, 1)
-GAP_S: Final = 0.5e-3
+_ONE: Final = (1, 1, 1)
+_GAP_S: Final = 0.5e-3
 """The pause between trials, slept on the loop's precise clock."""
-POLL_S: Final = 120e-6
+_POLL_S: Final = 120e-6
 """The period of the loop-local polling baseline."""
-TRIAL_OVERHEAD_S: Final = 0.65e-3
+_TRIAL_OVERHEAD_S: Final = 0.65e-3
 """A trial's time beyond its kernels: the gap, two calibrations, launch and wake-up."""
-CALIBRATIONS: Final = 20
+_CALIBRATIONS: Final = 20
 """Calibration launches before and after each service row."""
-MEMORY_BUDGET: Final = 100 * 10**9
+_MEMORY_BUDGET: Final = 100 * 10**9
 """Bytes the service's buffers may take on the device."""
 
 
@@ -189,7 +189,7 @@ class Samples:
         self.cpu_s += cpu_s
         self.wall_s += wall_s
 
-    def summary(self, worst_lag_s: float, pauses: GcPauses | None = None) -> dict[str, Any]:
+    def summary(self, worst_lag_s: float, pauses: _GcPauses | None = None) -> dict[str, Any]:
         """The row: latency percentiles, CPU cores and per wait, heartbeat lag, wrong count.
 
         With ``pauses``, the garbage collector's pauses meanwhile (what else stalls a loop).
@@ -208,14 +208,16 @@ class Samples:
             "wrong": self.wrong,
         }
 
-    def service_summary(self, worst_lag_s: float, pauses: GcPauses | None = None) -> dict[str, Any]:
+    def service_summary(
+        self, worst_lag_s: float, pauses: _GcPauses | None = None
+    ) -> dict[str, Any]:
         """:meth:`summary` with the requests per second of wall time."""
         row = self.summary(worst_lag_s, pauses)
         row["requests_per_s"] = self.count / self.wall_s if self.wall_s else None
         return row
 
 
-class GcPauses:
+class _GcPauses:
     """Within ``with``: how often Python's garbage collector ran, and its longest pause."""
 
     def __init__(self) -> None:
@@ -231,7 +233,7 @@ class GcPauses:
             self.count += 1
             self.worst = max(self.worst, time.perf_counter() - self._started)
 
-    def __enter__(self) -> GcPauses:
+    def __enter__(self) -> _GcPauses:
         gc.callbacks.append(self._observe)
         return self
 
@@ -345,14 +347,14 @@ def quick_workloads(workloads: Sequence[CompletionWorkload]) -> tuple[Completion
 
 def trial_lengths(workload: CompletionWorkload) -> list[tuple[int, ...]]:
     """Each trial's kernel lengths, a warm-up trial first; the same for every method."""
-    rng = random.Random(f"{SEED}/{workload.name}")
+    rng = random.Random(f"{_SEED}/{workload.name}")
     return [workload.draw(rng) for _ in range(workload.trials + 1)]
 
 
 def completion_seconds(workloads: Sequence[CompletionWorkload], loops: int) -> float:
     """About how long the completion section runs on ``loops`` event loop libraries."""
     per_method = sum(
-        sum(lengths) * 1e-9 + TRIAL_OVERHEAD_S
+        sum(lengths) * 1e-9 + _TRIAL_OVERHEAD_S
         for workload in workloads
         for lengths in trial_lengths(workload)
     )
@@ -394,7 +396,7 @@ def service_workloads(
     )
 
 
-def service_max_n(high: int, tasks: int, budget: int = MEMORY_BUDGET) -> int:
+def service_max_n(high: int, tasks: int, budget: int = _MEMORY_BUDGET) -> int:
     """The largest ``n`` at which ``tasks`` outputs and the shared input fit in ``budget``."""
     return min(high, budget // (4 * (tasks + 1)))
 
@@ -404,7 +406,7 @@ def request_plan(workload: ServiceWorkload, tasks: int, high: int) -> list[list[
     per_task = max(workload.requests // tasks, 1)
     plan = []
     for index in range(tasks):
-        rng = random.Random(f"{SEED}/{workload.name}/{tasks}/{index}")
+        rng = random.Random(f"{_SEED}/{workload.name}/{tasks}/{index}")
         plan.append([log_uniform(rng, workload.low, high) for _ in range(per_task)])
     return plan
 
@@ -445,7 +447,7 @@ async def _load_spin_stamp(backend: Backend, *, hidden: bool = False) -> LoadedA
     spec = ArtifactSpec(
         kernel_name="spin_stamp_hidden" if hidden else "spin_stamp",
         format=ArtifactFormat.CUDA_SOURCE,
-        payload=TextPayload(SPIN_STAMP_HIDDEN if hidden else SPIN_STAMP),
+        payload=TextPayload(_SPIN_STAMP_HIDDEN if hidden else _SPIN_STAMP),
         argument_count=3 if hidden else 2,
         scalar_argument_count=1,
     )
@@ -504,7 +506,7 @@ async def _poll_timer(event: Any, stream: Any) -> None:
     ok(d.cuEventRecord(event, stream), "record")
     not_ready = d.CUresult.CUDA_ERROR_NOT_READY
     while d.cuEventQuery(event)[0] == not_ready:
-        await sleep_until(time.perf_counter() + POLL_S)
+        await sleep_until(time.perf_counter() + _POLL_S)
 
 
 async def _to_thread(event: Any, stream: Any) -> None:
@@ -554,14 +556,14 @@ def _accy_target(
 
     def launch(ns: int, on: StreamHandle) -> None:
         # Through the backend, so it learns the kernel's cost from the scalar.
-        backend.launch(loaded, buffers, [U64(ns)], ONE, ONE, stream=on)
+        backend.launch(loaded, buffers, [U64(ns)], _ONE, _ONE, stream=on)
 
     def launch_hidden(ns: int, on: StreamHandle) -> None:
         # The length goes to device memory first: the launch's arguments never change.
         assert hidden is not None
         kernel, length = hidden
         backend.write_buffer(length, ns.to_bytes(8, "little"), stream=on)
-        backend.launch(kernel, [binding, length.bind("read_only")], [U64(0)], ONE, ONE, stream=on)
+        backend.launch(kernel, [binding, length.bind("read_only")], [U64(0)], _ONE, _ONE, stream=on)
 
     return _Target(
         stream,
@@ -600,7 +602,7 @@ async def _completion_row(
     """Launch each trial's kernels, wait, and measure from the last kernel's stamp to resuming."""
     heartbeat = Heartbeat()
     samples = Samples()
-    with GcPauses() as pauses:
+    with _GcPauses() as pauses:
         await _trials(rig, target, wait, trials, fresh_stream, heartbeat, samples)
     return samples.summary(heartbeat.worst, pauses)
 
@@ -636,7 +638,7 @@ async def _trials(
                 samples.add(latency, wrong=not stamp, cpu_s=cpu, wall_s=wall)
             else:  # the warm-up trial: thread pools, first launches, caches
                 heartbeat.worst = 0.0
-            await sleep_until(time.perf_counter() + GAP_S)
+            await sleep_until(time.perf_counter() + _GAP_S)
         group.cancel_scope.cancel()
 
 
@@ -781,7 +783,7 @@ class _ScanService:
                 stream=lane.stream,
             ),
         )
-        backend.launch(self.stamper, [lane.stamp_binding], [U64(0)], ONE, ONE, stream=lane.stream)
+        backend.launch(self.stamper, [lane.stamp_binding], [U64(0)], _ONE, _ONE, stream=lane.stream)
         last = await download(backend, lane.y, np.int32, 1, offset=4 * (n - 1), stream=lane.stream)
         resumed = time.time_ns()
         return resumed, lane.stamp.value, int(last[0]) == n
@@ -829,10 +831,10 @@ async def _open_scan_service(
 async def _drive(
     sizes: Sequence[Sequence[int]],
     serve: Callable[[int, Sequence[int]], Coroutine[Any, Any, None]],
-) -> tuple[float, float, float, GcPauses]:
+) -> tuple[float, float, float, _GcPauses]:
     """Run one task per lane beside a heartbeat: (process CPU s, wall s, worst lag s, GC)."""
     heartbeat = Heartbeat()
-    with GcPauses() as pauses:
+    with _GcPauses() as pauses:
         async with anyio.create_task_group() as outer:
             outer.start_soon(heartbeat.run)
             cpu, wall = time.process_time(), time.perf_counter()
@@ -850,7 +852,7 @@ def _warm_up_sizes(workload: ServiceWorkload, tasks: int, high: int) -> list[lis
 
 
 def _calibration(rig: Rig) -> tuple[int, int]:
-    offset = rig.calibrate(CALIBRATIONS)
+    offset = rig.calibrate(_CALIBRATIONS)
     return time.time_ns(), offset
 
 
@@ -1007,11 +1009,11 @@ def _service_section(
 
 # ----- cancellation ----------------------------------------------------------------------------
 
-CANCELLED_WAYS: Final = ("wait_event", "wait_stream", "download", "launch_pipeline")
+_CANCELLED_WAYS: Final = ("wait_event", "wait_stream", "download", "launch_pipeline")
 """The ways of waiting cancelled; the pipeline owns its scratch and kernels (no pool given)."""
 
-CANCEL_AFTER_S: Final = 5e-3
-KERNEL_NS: Final = 50_000_000
+_CANCEL_AFTER_S: Final = 5e-3
+_KERNEL_NS: Final = 50_000_000
 
 
 async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
@@ -1048,7 +1050,7 @@ async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
         for way, wait in ways.items():
             samples = Samples()
             for _ in range(trials):
-                backend.launch(loaded, [stamp.bind()], [U64(KERNEL_NS)], ONE, ONE, stream=stream)
+                backend.launch(loaded, [stamp.bind()], [U64(_KERNEL_NS)], _ONE, _ONE, stream=stream)
                 backend.record_event(event, stream)
                 cancelled_at = [0.0]
                 with anyio.CancelScope() as scope:
@@ -1066,7 +1068,7 @@ async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
 
 
 async def _cancel_later(scope: anyio.CancelScope, cancelled_at: list[float]) -> None:
-    await anyio.sleep(CANCEL_AFTER_S)
+    await anyio.sleep(_CANCEL_AFTER_S)
     cancelled_at[0] = time.perf_counter()
     scope.cancel()
 
@@ -1076,21 +1078,21 @@ def _cancellation_section(libraries: Sequence[str], trials: int) -> Section:
     for library in libraries:
         print(f"cancellation on {library}", file=sys.stderr, flush=True)
         measure = partial(_cancellation_rows, library, trials)
-        names = [f"accy {way}, cancelled ({library})" for way in CANCELLED_WAYS]
-        shape = {CANCELLATION_WORKLOAD: names}
+        names = [f"accy {way}, cancelled ({library})" for way in _CANCELLED_WAYS]
+        shape = {_CANCELLATION_WORKLOAD: names}
         part = run_on(library, _guarded, shape, _wrap_rows(measure))
-        rows.update(part[CANCELLATION_WORKLOAD])
-    return {CANCELLATION_WORKLOAD: rows}
+        rows.update(part[_CANCELLATION_WORKLOAD])
+    return {_CANCELLATION_WORKLOAD: rows}
 
 
-CANCELLATION_WORKLOAD: Final = "cancelled 5 ms into a 50 ms kernel"
+_CANCELLATION_WORKLOAD: Final = "cancelled 5 ms into a 50 ms kernel"
 
 
 def _wrap_rows(
     measure: Callable[[], Awaitable[dict[str, Any]]],
 ) -> Callable[[], Awaitable[Section]]:
     async def section() -> Section:
-        return {CANCELLATION_WORKLOAD: await measure()}
+        return {_CANCELLATION_WORKLOAD: await measure()}
 
     return section
 
@@ -1168,7 +1170,7 @@ SERVICE_COLUMNS: Final[tuple[Column, ...]] = (
 )
 _MARKED: Final = (("p99_us", "p99"), ("worst_heartbeat_lag_ms", "heartbeat lag"))
 
-COMPLETION_INTRO: Final = (
+_COMPLETION_INTRO: Final = (
     "Microseconds from a kernel's end (its last `%globaltimer`, written to mapped host "
     "memory; the clocks related before each trial) until the awaiting task runs. CPU cores: "
     "the process's CPU time, every thread, over the waits' wall time (launch to resume). A "
@@ -1177,19 +1179,19 @@ COMPLETION_INTRO: Final = (
     "through the backend on its own stream; the baselines launch the rig's raw kernel and "
     "record a raw event."
 )
-CANCELLATION_COLUMNS: Final[tuple[Column, ...]] = (
+_CANCELLATION_COLUMNS: Final[tuple[Column, ...]] = (
     ("trials", "count", "{:d}"),
     ("median µs", "median_us", "{:.1f}"),
     ("p90 µs", "p90_us", "{:.1f}"),
     ("p99 µs", "p99_us", "{:.1f}"),
     ("not cancelled", "wrong", "{:d}"),
 )
-CANCELLATION_INTRO: Final = (
+_CANCELLATION_INTRO: Final = (
     "Microseconds from cancelling the caller's scope (from another task, 5 ms into a 50 ms "
     "kernel) until the cancelled call has given control back. What the device still uses "
     "goes to deferred release."
 )
-SERVICE_INTRO: Final = (
+_SERVICE_INTRO: Final = (
     "Each task has its own stream, scratch and output; the input (all ones) and the kernel "
     "pool are shared. A request launches the `prefix_sum_i32` pipeline, a stamp kernel, and "
     "awaits the download of the last element, which must be `n` (wrong counts those that are "
@@ -1259,12 +1261,12 @@ def markdown(result: dict[str, Any]) -> str:
         (
             "completion",
             "Completion latency",
-            COMPLETION_INTRO,
+            _COMPLETION_INTRO,
             COMPLETION_COLUMNS,
             "way of waiting",
         ),
-        ("service", "Scan service", SERVICE_INTRO, SERVICE_COLUMNS, "service"),
-        ("cancellation", "Cancellation", CANCELLATION_INTRO, CANCELLATION_COLUMNS, "call"),
+        ("service", "Scan service", _SERVICE_INTRO, SERVICE_COLUMNS, "service"),
+        ("cancellation", "Cancellation", _CANCELLATION_INTRO, _CANCELLATION_COLUMNS, "call"),
     ):
         if key not in result:
             continue

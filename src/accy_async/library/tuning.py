@@ -31,7 +31,7 @@ from ..plan import (
     TuningDocument,
     scalar,
 )
-from . import prefix_sum, reduce_sum, saxpy
+from .builders import prefix_sum, reduce_sum, saxpy
 
 __all__ = ["BUILTIN_TARGETS", "DEFAULT_TUNING_N", "problem_name", "tuning_document"]
 

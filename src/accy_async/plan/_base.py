@@ -20,6 +20,7 @@ __all__ = [
     "ObjectId",
     "Tagged",
     "Version",
+    "convert_plan",
     "plan_error",
     "translate_validation_error",
 ]
@@ -29,7 +30,7 @@ T = TypeVar("T")
 MAX_LAUNCH_ARGUMENTS: Final = 32
 """Most buffers, and most scalars, one kernel launch may take (the seed's limit)."""
 
-MAX_NAME_BYTES: Final = 256
+_MAX_NAME_BYTES: Final = 256
 
 U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 U64 = Annotated[int, msgspec.Meta(ge=0)]
@@ -42,7 +43,7 @@ Name = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
-        max_length=MAX_NAME_BYTES,
+        max_length=_MAX_NAME_BYTES,
         pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$",
         description="A dotted identifier such as `accy.scan.block_scan`.",
     ),
@@ -65,10 +66,10 @@ def plan_error(message: str, *fields: str | int) -> PlanError:
     Raised from ``__post_init__`` while decoding, msgspec puts the struct's
     own location in front; :func:`accy_async.plan.codec` joins the two.
     """
-    return PlanError(message, path=join_path("$", fields))
+    return PlanError(message, path=_join_path("$", fields))
 
 
-def join_path(prefix: str, fields: tuple[str | int, ...]) -> str:
+def _join_path(prefix: str, fields: tuple[str | int, ...]) -> str:
     """Join ``prefix`` and the given field names and indices into one path."""
     parts = (f"[{field}]" if isinstance(field, int) else f".{field}" for field in fields)
     return prefix + "".join(parts)

@@ -13,6 +13,7 @@ from .registry import ArtifactSpec
 from .scalars import DType, ScalarArgument
 
 __all__ = [
+    "NO_TUNING",
     "ArtifactPlan",
     "CandidateMeasurement",
     "ElementCountArgument",
@@ -24,8 +25,8 @@ __all__ = [
     "Slot",
 ]
 
-MAX_SLOT_BYTES: Final = 2**62
-MAX_CANDIDATES: Final = 1024
+_MAX_SLOT_BYTES: Final = 2**62
+_MAX_CANDIDATES: Final = 1024
 
 ElementCountArgument: TypeAlias = Literal["none", "scalar_u32", "device_buffer_u32"]
 """How a kernel learns its element count: not at all, a leading u32 scalar, or a u32 buffer."""
@@ -42,7 +43,7 @@ class Slot(Base, frozen=True):
     """
 
     slot_id: ObjectId
-    byte_size: Annotated[int, msgspec.Meta(ge=0, le=MAX_SLOT_BYTES)] | None = None
+    byte_size: Annotated[int, msgspec.Meta(ge=0, le=_MAX_SLOT_BYTES)] | None = None
     dtype: DType | None = None
 
 
@@ -56,14 +57,16 @@ class LaunchResources(Base, frozen=True):
     """A kernel's default geometry and the candidates tuning may choose from."""
 
     geometry: LaunchGeometry = LaunchGeometry()
-    candidates: Annotated[tuple[LaunchCandidate, ...], msgspec.Meta(max_length=MAX_CANDIDATES)] = ()
+    candidates: Annotated[
+        tuple[LaunchCandidate, ...], msgspec.Meta(max_length=_MAX_CANDIDATES)
+    ] = ()
 
 
 class CandidateMeasurement(Base, frozen=True):
     """The median time of one candidate of one kernel (the seed's LaunchCandidateMeasurement)."""
 
     kernel_id: ObjectId
-    candidate_index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_CANDIDATES)]
+    candidate_index: Annotated[int, msgspec.Meta(ge=0, lt=_MAX_CANDIDATES)]
     median_ns: U64
     sample_count: U32 = 0
 

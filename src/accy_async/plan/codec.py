@@ -7,11 +7,11 @@ bad field, with msgspec's error on ``__cause__``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Annotated, Any, Final, TypeAlias, TypeVar, overload
 
 import msgspec
 
+from .._cache import IdentityCache
 from ..errors import PlanError
 from ._base import Base, Name, convert_plan, plan_error, translate_validation_error
 from .artifact_plan import ArtifactPlan
@@ -99,7 +99,7 @@ class LaunchGraphDocument(Base, tag="launch_graph", tag_field="kind", frozen=Tru
     description: str = ""
 
 
-MAX_PIPELINE_CANDIDATES: Final = 64
+_MAX_PIPELINE_CANDIDATES: Final = 64
 
 
 class PipelineTuningProblem(Base, frozen=True):
@@ -113,7 +113,7 @@ class PipelineTuningProblem(Base, frozen=True):
     name: Name
     candidates: Annotated[
         tuple[PipelineDocument, ...],
-        msgspec.Meta(min_length=1, max_length=MAX_PIPELINE_CANDIDATES),
+        msgspec.Meta(min_length=1, max_length=_MAX_PIPELINE_CANDIDATES),
     ]
     runtime_scalar_arguments: tuple[ScalarArgument, ...] = ()
 
@@ -212,8 +212,7 @@ def json_schema(plan_type: Any = PlanDocument) -> dict[str, Any]:
     return schema
 
 
-_VALIDATED_CAPACITY: Final = 512
-_validated: OrderedDict[int, msgspec.Struct] = OrderedDict()
+_validated: IdentityCache[bool] = IdentityCache(512)
 
 
 def validate_plan(plan: T) -> T:
@@ -225,16 +224,12 @@ def validate_plan(plan: T) -> T:
     everything a decode would, and remembers the plans it passed (by identity)
     so the launch paths pay for it once. Returns ``plan`` itself.
     """
-    key = id(plan)
-    if _validated.get(key) is plan:
-        _validated.move_to_end(key)
+    if _validated.get((plan,)):
         return plan
     if not isinstance(plan, msgspec.Struct):
         raise PlanError(f"expected a plan struct, got {type(plan).__name__}", path="$")
     convert_plan(msgspec.to_builtins(plan, builtin_types=(bytes,)), type(plan))
-    _validated[key] = plan
-    if len(_validated) > _VALIDATED_CAPACITY:
-        _validated.popitem(last=False)
+    _validated.put((plan,), True)
     return plan
 
 

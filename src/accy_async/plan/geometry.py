@@ -31,16 +31,16 @@ __all__ = [
     "resolve_quantity",
 ]
 
-MAX_GRID_X: Final = 2**31 - 1
-MAX_GRID_YZ: Final = 65535
-MAX_BLOCK_THREADS: Final = 1024
-MAX_SHARED_MEMORY_BYTES: Final = 227 * 1024
+_MAX_GRID_X: Final = 2**31 - 1
+_MAX_GRID_YZ: Final = 65535
+_MAX_BLOCK_THREADS: Final = 1024
+_MAX_SHARED_MEMORY_BYTES: Final = 227 * 1024
 
-GridX = Annotated[int, msgspec.Meta(ge=1, le=MAX_GRID_X)]
-GridYZ = Annotated[int, msgspec.Meta(ge=1, le=MAX_GRID_YZ)]
-BlockXY = Annotated[int, msgspec.Meta(ge=1, le=MAX_BLOCK_THREADS)]
+GridX = Annotated[int, msgspec.Meta(ge=1, le=_MAX_GRID_X)]
+GridYZ = Annotated[int, msgspec.Meta(ge=1, le=_MAX_GRID_YZ)]
+BlockXY = Annotated[int, msgspec.Meta(ge=1, le=_MAX_BLOCK_THREADS)]
 BlockZ = Annotated[int, msgspec.Meta(ge=1, le=64)]
-SharedMemoryBytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_SHARED_MEMORY_BYTES)]
+SharedMemoryBytes = Annotated[int, msgspec.Meta(ge=0, le=_MAX_SHARED_MEMORY_BYTES)]
 Dim3: TypeAlias = tuple[int, int, int]
 
 
@@ -56,15 +56,15 @@ class LaunchGeometry(Base, frozen=True):
     shared_memory_bytes: SharedMemoryBytes = 0
 
     def __post_init__(self) -> None:
-        check_block(self.block, "block")
+        _check_block(self.block, "block")
 
 
-def check_block(block: Sequence[int], *fields: str | int) -> None:
+def _check_block(block: Sequence[int], *fields: str | int) -> None:
     """Refuse a block of more than 1024 threads."""
     threads = block[0] * block[1] * block[2]
-    if threads > MAX_BLOCK_THREADS:
+    if threads > _MAX_BLOCK_THREADS:
         raise plan_error(
-            f"block of {threads} threads exceeds the limit of {MAX_BLOCK_THREADS}", *fields
+            f"block of {threads} threads exceeds the limit of {_MAX_BLOCK_THREADS}", *fields
         )
 
 
@@ -123,7 +123,7 @@ class DerivedLaunch(Tagged, tag="derived", frozen=True):
     shared_memory_bytes: SharedMemoryBytes = 0
 
     def __post_init__(self) -> None:
-        check_block(self.block, "block")
+        _check_block(self.block, "block")
 
     def resolve(self, scalars: Sequence[ScalarArgument]) -> tuple[Dim3, Dim3, int]:
         """The ``(grid, block, shared_memory_bytes)`` for these stage scalars.
@@ -132,7 +132,7 @@ class DerivedLaunch(Tagged, tag="derived", frozen=True):
         or beyond CUDA's limits.
         """
         x, y, z = (resolve_quantity(dim, scalars) for dim in self.grid)
-        if not (1 <= x <= MAX_GRID_X and 1 <= y <= MAX_GRID_YZ and 1 <= z <= MAX_GRID_YZ):
+        if not (1 <= x <= _MAX_GRID_X and 1 <= y <= _MAX_GRID_YZ and 1 <= z <= _MAX_GRID_YZ):
             raise LaunchArgumentMismatch(
                 f"derived grid ({x}, {y}, {z}) is empty or beyond the device's limits"
             )

@@ -26,14 +26,14 @@ __all__ = [
     "create_dataflow_launch_graph_plan",
 ]
 
-MAX_GRAPH_NODES: Final = 1_000_000
-MAX_STREAMS: Final = 64
-MAX_EVENTS: Final = 4096
-MAX_TRIP_COUNT: Final = 2**32 - 1
+_MAX_GRAPH_NODES: Final = 1_000_000
+_MAX_STREAMS: Final = 64
+_MAX_EVENTS: Final = 4096
+_MAX_TRIP_COUNT: Final = 2**32 - 1
 
-NodeIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GRAPH_NODES)]
-StreamIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_STREAMS)]
-EventIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_EVENTS)]
+NodeIndex = Annotated[int, msgspec.Meta(ge=0, lt=_MAX_GRAPH_NODES)]
+StreamIndex = Annotated[int, msgspec.Meta(ge=0, lt=_MAX_STREAMS)]
+EventIndex = Annotated[int, msgspec.Meta(ge=0, lt=_MAX_EVENTS)]
 
 
 class GraphNode(Base, frozen=True):
@@ -79,8 +79,8 @@ class GraphLoop(Base, frozen=True):
     """Nodes ``first_node_index .. first_node_index + node_count`` repeated ``trip_count`` times."""
 
     first_node_index: NodeIndex
-    node_count: Annotated[int, msgspec.Meta(ge=1, le=MAX_GRAPH_NODES)]
-    trip_count: Annotated[int, msgspec.Meta(ge=0, le=MAX_TRIP_COUNT)]
+    node_count: Annotated[int, msgspec.Meta(ge=1, le=_MAX_GRAPH_NODES)]
+    trip_count: Annotated[int, msgspec.Meta(ge=0, le=_MAX_TRIP_COUNT)]
     carries: tuple[LoopCarry, ...] = ()
 
 
@@ -94,11 +94,11 @@ class LaunchGraphPlan(Base, frozen=True):
     cross-stream dependencies.
     """
 
-    nodes: Annotated[tuple[GraphNode, ...], msgspec.Meta(max_length=MAX_GRAPH_NODES)]
+    nodes: Annotated[tuple[GraphNode, ...], msgspec.Meta(max_length=_MAX_GRAPH_NODES)]
     dependencies: tuple[GraphDependency, ...] = ()
     loops: tuple[GraphLoop, ...] = ()
-    stream_count: Annotated[int, msgspec.Meta(ge=0, le=MAX_STREAMS)] = 0
-    event_count: Annotated[int, msgspec.Meta(ge=0, le=MAX_EVENTS)] = 0
+    stream_count: Annotated[int, msgspec.Meta(ge=0, le=_MAX_STREAMS)] = 0
+    event_count: Annotated[int, msgspec.Meta(ge=0, le=_MAX_EVENTS)] = 0
 
     def __post_init__(self) -> None:
         self._check_nodes()

@@ -26,8 +26,8 @@ __all__ = [
     "ScalarDerivation",
 ]
 
-MAX_PIPELINE_STAGES: Final = 256
-MAX_INTERMEDIATES: Final = 256
+_MAX_PIPELINE_STAGES: Final = 256
+_MAX_INTERMEDIATES: Final = 256
 
 
 class Operand(Tagged, tag="operand", kw_only=False, frozen=True):
@@ -45,7 +45,7 @@ class Result(Tagged, tag="result", kw_only=False, frozen=True):
 class Intermediate(Tagged, tag="intermediate", kw_only=False, frozen=True):
     """Scratch buffer ``index`` between stages, owned by the pipeline launch."""
 
-    index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_INTERMEDIATES)]
+    index: Annotated[int, msgspec.Meta(ge=0, lt=_MAX_INTERMEDIATES)]
 
 
 BufferRef: TypeAlias = Operand | Result | Intermediate
@@ -107,7 +107,7 @@ class KernelCallPipeline(Base, frozen=True):
     target: Name
     version: Version
     stages: Annotated[
-        tuple[PipelineStage, ...], msgspec.Meta(min_length=1, max_length=MAX_PIPELINE_STAGES)
+        tuple[PipelineStage, ...], msgspec.Meta(min_length=1, max_length=_MAX_PIPELINE_STAGES)
     ]
     operand_count: ArgumentCount = 0
     result_count: ArgumentCount = 0
@@ -115,7 +115,7 @@ class KernelCallPipeline(Base, frozen=True):
     runtime_scalar_types: tuple[ScalarType, ...] = ()
     runtime_scalar_bounds: tuple[RuntimeScalarBound, ...] = ()
     intermediates: Annotated[
-        tuple[PipelineIntermediate, ...], msgspec.Meta(max_length=MAX_INTERMEDIATES)
+        tuple[PipelineIntermediate, ...], msgspec.Meta(max_length=_MAX_INTERMEDIATES)
     ] = ()
 
     def __post_init__(self) -> None:

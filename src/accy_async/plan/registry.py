@@ -22,9 +22,10 @@ __all__ = [
     "Payload",
     "RegistryEntry",
     "TextPayload",
+    "check_compile_options",
 ]
 
-MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
+_MAX_PAYLOAD_BYTES: Final = 64 * 1024 * 1024
 
 
 class ArtifactFormat(enum.Enum):
@@ -43,13 +44,13 @@ class ArtifactFormat(enum.Enum):
 class TextPayload(Tagged, tag="text", kw_only=False, frozen=True):
     """Source or PTX text."""
 
-    text: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PAYLOAD_BYTES)]
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=_MAX_PAYLOAD_BYTES)]
 
 
 class BinaryPayload(Tagged, tag="binary", kw_only=False, frozen=True):
     """A binary image (cubin or fatbin); base64 in JSON."""
 
-    data: Annotated[bytes, msgspec.Meta(min_length=1, max_length=MAX_PAYLOAD_BYTES)]
+    data: Annotated[bytes, msgspec.Meta(min_length=1, max_length=_MAX_PAYLOAD_BYTES)]
 
 
 class CpuKernelPayload(Tagged, tag="cpu_kernel", kw_only=False, frozen=True):
@@ -103,7 +104,7 @@ def check_compile_options(options: Sequence[str], *prefix: str | int) -> None:
             )
 
 
-def check_payload(format: ArtifactFormat, payload: Payload, *prefix: str | int) -> None:
+def _check_payload(format: ArtifactFormat, payload: Payload, *prefix: str | int) -> None:
     """Refuse a payload whose kind does not fit ``format`` (text for PTX, say)."""
     expected = _PAYLOAD_FOR_FORMAT[format]
     if type(payload) is not expected:
@@ -139,7 +140,7 @@ class ArtifactSpec(Base, frozen=True):
                 f"argument_count {self.argument_count}",
                 "scalar_argument_count",
             )
-        check_payload(self.format, self.payload)
+        _check_payload(self.format, self.payload)
         check_compile_options(self.compile_options)
 
     @property
@@ -174,7 +175,7 @@ class RegistryEntry(Base, frozen=True):
                 f"argument_count {self.argument_count}",
                 "runtime_scalar_argument_count",
             )
-        check_payload(self.format, self.payload)
+        _check_payload(self.format, self.payload)
         check_compile_options(self.compile_options)
 
     @property

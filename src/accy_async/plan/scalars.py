@@ -15,6 +15,7 @@ __all__ = [
     "F64",
     "I32",
     "I64",
+    "SCALAR_CLASSES",
     "U32",
     "U64",
     "DType",
@@ -207,7 +208,7 @@ SCALAR_CLASSES: Final[dict[str, type[ScalarArgument]]] = {
     "f32": F32,
     "f64": F64,
 }
-INTEGER_SCALARS: Final = (U32, I32, U64, I64)
+_INTEGER_SCALARS: Final = (U32, I32, U64, I64)
 
 
 def scalar(type_name: ScalarType, value: int | float) -> ScalarArgument:
@@ -220,6 +221,6 @@ def scalar(type_name: ScalarType, value: int | float) -> ScalarArgument:
 
 def integer_value(argument: ScalarArgument) -> int | None:
     """The value of an integer scalar argument, or ``None`` for a float."""
-    if isinstance(argument, INTEGER_SCALARS):
+    if isinstance(argument, _INTEGER_SCALARS):
         return argument.value
     return None

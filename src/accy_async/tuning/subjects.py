@@ -45,14 +45,24 @@ from ..plan import (
 )
 from ..waiting import release_when_idle
 
-__all__ = ["KernelSubject", "PipelineSubject", "Subject", "Workspace"]
+__all__ = [
+    "RANDOM_BLOCK",
+    "KernelSubject",
+    "PipelineSubject",
+    "Subject",
+    "Workspace",
+    "buffer_plan",
+    "create_workspace",
+    "load_kernel_subject",
+    "load_pipeline_subject",
+]
 
 _SEED: Final = 20261201
 RANDOM_BLOCK: Final = 1 << 16
 """Random values generated per buffer; larger buffers repeat them."""
 
 
-def initial_contents(spec: TuningBuffer, rng: np.random.Generator) -> bytes | None:
+def _initial_contents(spec: TuningBuffer, rng: np.random.Generator) -> bytes | None:
     """The block of bytes a tuning buffer starts with, repeated over it; ``None`` for zeros.
 
     ``random`` contents are :data:`RANDOM_BLOCK` values (at most) from the
@@ -88,7 +98,7 @@ def buffer_plan(problem: KernelTuningProblem | PipelineTuningProblem) -> BufferP
     """
     rng = np.random.default_rng(_SEED)
     if isinstance(problem, KernelTuningProblem):
-        return [(spec, initial_contents(spec, rng), "read_write") for spec in problem.buffers]
+        return [(spec, _initial_contents(spec, rng), "read_write") for spec in problem.buffers]
     document = problem.candidates[0]
     scalars = problem.runtime_scalar_arguments
     planned: BufferPlan = []
@@ -101,7 +111,7 @@ def buffer_plan(problem: KernelTuningProblem | PipelineTuningProblem) -> BufferP
             spec = TuningBuffer(
                 byte_size=size, dtype=each.dtype, initial="random" if random else "zeros"
             )
-            planned.append((spec, initial_contents(spec, rng), access))  # type: ignore[arg-type]
+            planned.append((spec, _initial_contents(spec, rng), access))  # type: ignore[arg-type]
     return planned
 
 

@@ -313,7 +313,9 @@ class Tuner:
         final = tuple(
             each
             if each is not None
-            else CandidateResult(index=index, label=problem_label(problem, index), status="skipped")
+            else CandidateResult(
+                index=index, label=_problem_label(problem, index), status="skipped"
+            )
             for index, each in enumerate(results)
         )
         result = TuningResult(
@@ -418,7 +420,7 @@ class Tuner:
         results: list[CandidateResult | None],
     ) -> None:
         """Measure one loaded candidate (or record why it is not), into ``results``."""
-        label = problem_label(problem, index)
+        label = _problem_label(problem, index)
         if subject is None:
             result = CandidateResult(
                 index=index,
@@ -446,7 +448,7 @@ class Tuner:
             self._on_progress(TuningProgress(problem.name, result, finished, len(results)))
 
 
-def problem_label(problem: TuningProblem, index: int) -> str:
+def _problem_label(problem: TuningProblem, index: int) -> str:
     """A candidate's label, or a description made from its launch and options."""
     if isinstance(problem, PipelineTuningProblem):
         document = problem.candidates[index]

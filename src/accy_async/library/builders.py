@@ -1,0 +1,302 @@
+"""The built-in plans' builders: each stage in CUDA C and as a CPU function.
+
+See :mod:`accy_async.library`, which re-exports them.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Final
+
+from ..plan import (
+    ArtifactFormat,
+    CeilDiv,
+    CpuKernelPayload,
+    DerivedLaunch,
+    DType,
+    Fixed,
+    Forward,
+    Intermediate,
+    KernelCallPipeline,
+    KernelCallRegistry,
+    Operand,
+    PipelineBuffer,
+    PipelineDocument,
+    PipelineIntermediate,
+    PipelineStage,
+    Quantity,
+    RegistryEntry,
+    Result,
+    RuntimeScalarBound,
+    ScalarDerivation,
+    TextPayload,
+)
+from .cpu import REDUCE_ITEMS
+
+__all__ = ["BUILTIN_DTYPES", "cuda_source", "prefix_sum", "reduce_sum", "saxpy"]
+
+_C_TYPES: Final = {
+    DType.F32: "float",
+    DType.F64: "double",
+    DType.I32: "int",
+    DType.U32: "unsigned int",
+    DType.I64: "long long",
+    DType.U64: "unsigned long long",
+}
+_N_BOUND: Final = RuntimeScalarBound(argument_index=0, min=1, max=2**32 - 1)
+_SINGLE_BLOCK: Final = 1024
+
+
+BUILTIN_DTYPES: Final = tuple(_C_TYPES)
+"""The element types the built-in kernels are made for."""
+
+
+@cache
+def cuda_source(name: str) -> str:
+    """The CUDA C of ``name`` (``scan``, ``saxpy``, ``reduce``) with its header inlined."""
+    folder = resources.files(__package__) / "cuda"
+    header = (folder / "common.cuh").read_text()
+    source = (folder / f"{name}.cu").read_text()
+    return source.replace('#include "common.cuh"', header)
+
+
+def _check(dtype: DType, block: int) -> None:
+    if dtype not in _C_TYPES:
+        raise ValueError(f"built-in kernels take {[d.value for d in _C_TYPES]}, not {dtype.value}")
+    if block < 32 or block > 1024 or block & (block - 1):
+        raise ValueError(f"block must be a power of two from 32 to 1024, got {block}")
+
+
+def _entries(
+    target: str,
+    source: str,
+    cpu_name: str,
+    entry_name: str,
+    argument_count: int,
+    scalars: int,
+    grid_x: Quantity,
+    block: int,
+    dtype: DType,
+    defines: tuple[str, ...] = (),
+) -> tuple[RegistryEntry, RegistryEntry]:
+    """The CPU and CUDA C registry entries of one stage."""
+    launch = DerivedLaunch(grid=(grid_x, Fixed(1), Fixed(1)), block=(block, 1, 1))
+    common = {
+        "target": target,
+        "version": 1,
+        "entry_name": entry_name,
+        "argument_count": argument_count,
+        "runtime_scalar_argument_count": scalars,
+        "launch": launch,
+        "required_dtypes": (dtype,),
+    }
+    return (
+        RegistryEntry(
+            format=ArtifactFormat.CPU,
+            payload=CpuKernelPayload(cpu_name),
+            compile_options=defines,
+            **common,  # type: ignore[arg-type]
+        ),
+        RegistryEntry(
+            format=ArtifactFormat.CUDA_SOURCE,
+            payload=TextPayload(cuda_source(source)),
+            compile_options=(f"-DACCY_T={_C_TYPES[dtype]}", *defines),
+            **common,  # type: ignore[arg-type]
+        ),
+    )
+
+
+def _vector(name: str, dtype: DType) -> PipelineBuffer:
+    return PipelineBuffer(name=name, dtype=dtype, extent=Forward(argument_index=0))
+
+
+def prefix_sum(dtype: DType = DType.F32, block: int = 256) -> PipelineDocument:
+    """Inclusive prefix sum of ``n`` elements: ``y[i] = x[0] + ... + x[i]``.
+
+    Stage 1 scans tiles of ``block`` elements and writes each tile's total;
+    stage 2 scans the totals in one block of 1024 threads that loops over
+    them, so any ``n`` works; stage 3 adds to each tile the total of the
+    tiles before it. Integer types wrap like C; floats round per tile.
+    """
+    _check(dtype, block)
+    suffix = f"{dtype.value}.b{block}"
+    tiles = CeilDiv(argument_index=0, divisor=block)
+    stages = (
+        ("block_scan", 4, tiles, block),
+        ("sums_scan", 3, Fixed(1), _SINGLE_BLOCK),
+        ("add_base", 3, tiles, block),
+    )
+    registry = KernelCallRegistry(
+        entries=tuple(
+            entry
+            for name, count, grid, threads in stages
+            for entry in _entries(
+                f"accy.scan.{name}.{suffix}",
+                "scan",
+                f"accy.scan.{name}.{dtype.value}",
+                name,
+                count,
+                1,
+                grid,
+                threads,
+                dtype,
+            )
+        )
+    )
+    stage_scalars: tuple[ScalarDerivation, ...] = (Forward(argument_index=0),)
+    pipeline = KernelCallPipeline(
+        target=f"accy.scan.inclusive_sum.{suffix}",
+        version=1,
+        operand_count=1,
+        result_count=1,
+        runtime_scalar_argument_count=1,
+        runtime_scalar_types=("u32",),
+        runtime_scalar_bounds=(_N_BOUND,),
+        intermediates=(
+            PipelineIntermediate(dtype=dtype, extent=tiles),
+            PipelineIntermediate(dtype=dtype, extent=tiles),
+        ),
+        stages=(
+            PipelineStage(
+                target=f"accy.scan.block_scan.{suffix}",
+                version=1,
+                buffers=(Result(0), Operand(0), Intermediate(0)),
+                scalars=stage_scalars,
+            ),
+            PipelineStage(
+                target=f"accy.scan.sums_scan.{suffix}",
+                version=1,
+                buffers=(Intermediate(1), Intermediate(0)),
+                scalars=(tiles,),
+            ),
+            PipelineStage(
+                target=f"accy.scan.add_base.{suffix}",
+                version=1,
+                buffers=(Result(0), Intermediate(1)),
+                scalars=stage_scalars,
+            ),
+        ),
+    )
+    return PipelineDocument(
+        pipeline=pipeline,
+        registry=registry,
+        description=f"Inclusive prefix sum of n {dtype.value} elements, tiles of {block}.",
+        operands=(_vector("x", dtype),),
+        results=(_vector("y", dtype),),
+        runtime_scalar_names=("n",),
+    )
+
+
+def saxpy(dtype: DType = DType.F32, block: int = 256) -> PipelineDocument:
+    """``out = a * x + y`` over ``n`` elements; runtime scalars ``n`` (u32) and ``a``."""
+    _check(dtype, block)
+    if dtype not in (DType.F32, DType.F64):
+        raise ValueError("saxpy takes f32 or f64")
+    suffix = f"{dtype.value}.b{block}"
+    registry = KernelCallRegistry(
+        entries=_entries(
+            f"accy.blas.saxpy.{suffix}",
+            "saxpy",
+            f"accy.blas.saxpy.{dtype.value}",
+            "saxpy",
+            5,
+            2,
+            CeilDiv(argument_index=0, divisor=block),
+            block,
+            dtype,
+        )
+    )
+    pipeline = KernelCallPipeline(
+        target=f"accy.blas.saxpy_pipeline.{suffix}",
+        version=1,
+        operand_count=2,
+        result_count=1,
+        runtime_scalar_argument_count=2,
+        runtime_scalar_types=("u32", "f32" if dtype is DType.F32 else "f64"),
+        runtime_scalar_bounds=(_N_BOUND,),
+        stages=(
+            PipelineStage(
+                target=f"accy.blas.saxpy.{suffix}",
+                version=1,
+                buffers=(Result(0), Operand(0), Operand(1)),
+                scalars=(Forward(argument_index=0), Forward(argument_index=1)),
+            ),
+        ),
+    )
+    return PipelineDocument(
+        pipeline=pipeline,
+        registry=registry,
+        description=f"out = a * x + y over n {dtype.value} elements.",
+        operands=(_vector("x", dtype), _vector("y", dtype)),
+        results=(_vector("out", dtype),),
+        runtime_scalar_names=("n", "a"),
+    )
+
+
+def reduce_sum(dtype: DType = DType.F32, block: int = 256) -> PipelineDocument:
+    """The sum of ``n`` elements into a one-element result, in two stages."""
+    _check(dtype, block)
+    suffix = f"{dtype.value}.b{block}"
+    chunks = CeilDiv(argument_index=0, divisor=block * REDUCE_ITEMS)
+    defines = (f"-DACCY_ITEMS={REDUCE_ITEMS}",)
+    registry = KernelCallRegistry(
+        entries=(
+            *_entries(
+                f"accy.reduce.partial_sum.{suffix}",
+                "reduce",
+                f"accy.reduce.partial_sum.{dtype.value}",
+                "partial_sum",
+                3,
+                1,
+                chunks,
+                block,
+                dtype,
+                defines,
+            ),
+            *_entries(
+                f"accy.reduce.final_sum.{suffix}",
+                "reduce",
+                f"accy.reduce.final_sum.{dtype.value}",
+                "final_sum",
+                3,
+                1,
+                Fixed(1),
+                _SINGLE_BLOCK,
+                dtype,
+                defines,
+            ),
+        )
+    )
+    pipeline = KernelCallPipeline(
+        target=f"accy.reduce.sum.{suffix}",
+        version=1,
+        operand_count=1,
+        result_count=1,
+        runtime_scalar_argument_count=1,
+        runtime_scalar_types=("u32",),
+        runtime_scalar_bounds=(_N_BOUND,),
+        intermediates=(PipelineIntermediate(dtype=dtype, extent=chunks),),
+        stages=(
+            PipelineStage(
+                target=f"accy.reduce.partial_sum.{suffix}",
+                version=1,
+                buffers=(Intermediate(0), Operand(0)),
+                scalars=(Forward(argument_index=0),),
+            ),
+            PipelineStage(
+                target=f"accy.reduce.final_sum.{suffix}",
+                version=1,
+                buffers=(Result(0), Intermediate(0)),
+                scalars=(chunks,),
+            ),
+        ),
+    )
+    return PipelineDocument(
+        pipeline=pipeline,
+        registry=registry,
+        description=f"Sum of n {dtype.value} elements.",
+        operands=(_vector("x", dtype),),
+        results=(PipelineBuffer(name="sum", dtype=dtype, extent=Fixed(1)),),
+        runtime_scalar_names=("n",),
+    )

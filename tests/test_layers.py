@@ -1,0 +1,122 @@
+"""The house's floors: every import in ``src/`` points down a layer (or within one), never up.
+
+Read from the source with :mod:`ast`, so lazy imports inside functions count too;
+imports under ``if TYPE_CHECKING:`` do not (they run only for the type checker).
+The order is the one ``docs/architecture.md`` draws.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).parent.parent / "src"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "_version", "_cache"),
+    ("plan", "dlpack"),
+    ("backends",),
+    ("_loops",),
+    ("waiting",),
+    ("kernels", "pipeline", "graph"),
+    ("library", "trust"),
+    ("buffers", "interop", "arrays", "call"),
+    ("tuning",),
+    ("bench", "cli", "cli_arguments", "cli_trust", "tune_command", "testing"),
+    ("__init__",),
+)
+"""Lowest first. A module may import from its own layer and the ones below."""
+
+
+def _layer_of(module: str) -> int:
+    room = module.split(".")[1] if "." in module else "__init__"
+    for index, rooms in enumerate(LAYERS):
+        if room in rooms:
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS and docs/architecture.md")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SOURCE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _runtime_nodes(tree: ast.Module) -> Iterator[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:``."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _imports(path: Path) -> Iterator[tuple[str, int]]:
+    """The accy_async modules ``path`` imports at run time, with their lines."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if not target.startswith("accy_async"):
+                continue
+            for alias in node.names:  # `from . import library` imports a module
+                candidate = f"{target}.{alias.name}"
+                as_path = SOURCE / candidate.replace(".", "/")
+                if as_path.with_suffix(".py").exists() or as_path.is_dir():
+                    yield candidate, node.lineno
+                else:
+                    yield target, node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("accy_async"):
+                    yield alias.name, node.lineno
+
+
+PATHS = sorted((SOURCE / "accy_async").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[_module_name(path) for path in PATHS])
+def test_imports_point_down_the_layers(path: Path) -> None:
+    module = _module_name(path)
+    own = _layer_of(module)
+    upward = [
+        f"line {line}: {target} (layer {_layer_of(target)}) from layer {own}"
+        for target, line in _imports(path)
+        if target != "accy_async" or module != "accy_async"
+        if _layer_of(target) > own
+    ]
+    assert not upward, f"{module} imports up: " + "; ".join(upward)
+
+
+def test_no_module_imports_itself_round_about() -> None:
+    """No circle among the modules' run-time imports."""
+    graph = {_module_name(path): {t for t, _ in _imports(path)} for path in PATHS}
+    state: dict[str, int] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if target == module or target not in graph:
+                continue
+            if state.get(target) == 1:
+                circle = [*trail[trail.index(target) :], target] if target in trail else trail
+                raise AssertionError("import circle: " + " -> ".join(circle))
+            if not state.get(target):
+                visit(target, [*trail, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if not state.get(module):
+            visit(module, [module])
