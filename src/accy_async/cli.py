@@ -26,6 +26,7 @@ import numpy as np
 from . import __version__, library
 from .backends import auto_backend_choice, open_backend
 from .backends.base import Limits
+from .backends.cpu import host_memory_available
 from .backends.cpu_kernels import lookup_cpu_kernel
 from .buffers import download, upload
 from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_int
@@ -180,6 +181,7 @@ def parse_scalars(document: PipelineDocument, given: Sequence[str]) -> tuple[Sca
     names = list(document.runtime_scalar_names)
     types = list(pipeline.runtime_scalar_types) or ["u32"] * count
     values: list[str | None] = [None] * count
+    labels = [names[index] if index < len(names) else str(index) for index in range(count)]
     for position, item in enumerate(given):
         name, _, value = item.partition("=")
         if not value:
@@ -188,13 +190,12 @@ def parse_scalars(document: PipelineDocument, given: Sequence[str]) -> tuple[Sca
         if not 0 <= index < count:
             raise AccyError(f"unknown runtime scalar {name!r}; the plan takes {names or count}")
         values[index] = value
-    missing = [names[i] if i < len(names) else str(i) for i, v in enumerate(values) if v is None]
+    missing = [label for label, value in zip(labels, values, strict=True) if value is None]
     if missing:
         raise AccyError(f"give the runtime scalars {missing} with --scalar NAME=VALUE")
     parsed = []
-    for index, (kind, text) in enumerate(zip(types, values, strict=True)):
+    for label, kind, text in zip(labels, types, values, strict=True):
         assert text is not None
-        label = names[index] if index < len(names) else str(index)
         try:
             parsed.append(scalar(kind, float(text) if kind.startswith("f") else int(text, 0)))
         except (ValueError, AccyError) as exc:
@@ -257,8 +258,6 @@ def make_operand(
 
 def _check_host_memory(document: PipelineDocument, scalars: Sequence[ScalarArgument]) -> None:
     """Refuse a run whose arrays (and their generation) would not fit in the host's memory."""
-    from .backends.cpu import host_memory_available
-
     available = host_memory_available()
     specs = [*document.operands, *document.results]
     # Each array lives on the host (generated or read, then downloaded); generating one goes

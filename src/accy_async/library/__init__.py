@@ -45,7 +45,6 @@ from . import cpu
 from .cpu import REDUCE_ITEMS, SUPPORTED_DTYPES
 
 __all__ = [
-    "BUILTIN_DTYPES",
     "BUILTIN_PLANS",
     "DEFAULT_TUNING_N",
     "SUPPORTED_DTYPES",
@@ -68,10 +67,6 @@ _C_TYPES: Final = {
 }
 _N_BOUND: Final = RuntimeScalarBound(argument_index=0, min=1, max=2**32 - 1)
 _SINGLE_BLOCK: Final = 1024
-
-
-BUILTIN_DTYPES: Final = tuple(_C_TYPES)
-"""The element types the built-in kernels are made for."""
 
 
 @cache
