@@ -34,10 +34,10 @@ from .cli_trust import (
     add_digests_parser,
     add_trust_arguments,
     digests,
-    explain_untrusted,
     trust_policy_from,
+    untrusted_explained,
 )
-from .errors import AccyError, InvalidArtifact, LimitExceeded, OutOfDeviceMemory, UntrustedKernel
+from .errors import AccyError, InvalidArtifact, LimitExceeded, OutOfDeviceMemory
 from .pipeline import (
     PipelineLaunch,
     allocate_pipeline_intermediates,
@@ -320,10 +320,8 @@ async def run(args: argparse.Namespace) -> int:
         raise AccyError(f"--out {folder}: not a folder", path="--out")
     out = anyio.Path(folder)
     policy = trust_policy_from(args)
-    try:
+    with untrusted_explained(args.plan):
         return await _run_on_backend(args, document, scalars, inputs, sources, out, policy)
-    except UntrustedKernel as error:
-        raise explain_untrusted(error, args.plan) from None
 
 
 async def _run_on_backend(
