@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import accy_async as accy
 from accy_async import plan as p
+from accy_async.pipeline import PipelineLaunch
 
 
 def seed_entry(
@@ -89,3 +91,29 @@ SEED_PIPELINE = p.KernelCallPipeline(
         ),
     ),
 )
+
+
+SEED_FORMAT = p.ArtifactFormat.CUDA_PTX
+SEED_ARGUMENTS = (p.U32(5000),)
+
+
+def seed_request(
+    operand: accy.BufferHandle,
+    result: accy.BufferHandle,
+    scratch: accy.PipelineIntermediates,
+    pool: accy.PipelineArtifactPool,
+    stream: accy.StreamLike | None = None,
+) -> PipelineLaunch:
+    """The seed pipeline over one operand and one result (5,000 elements, PTX), with pool
+    and scratch given."""
+    return PipelineLaunch(
+        pipeline=SEED_PIPELINE,
+        registry=SEED_REGISTRY,
+        format=SEED_FORMAT,
+        operands=(operand.bind("read_only"),),
+        results=(result.bind(),),
+        runtime_scalar_arguments=SEED_ARGUMENTS,
+        intermediates=scratch,
+        artifacts=pool,
+        stream=stream,
+    )

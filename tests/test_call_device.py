@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import accy_async as accy
+from accy_async.testing import assert_checkpoint
 
 A, B, C = 0x7A00, 0x7B00, 0x7C00
 
@@ -149,4 +150,15 @@ async def test_outgrown_device_copies_go_with_the_lane_when_the_call_closes() ->
             await saxpy(ones, ones, a=1.0, out=DeviceArray(n, A))
         backend.complete_all()
     assert dict(backend.live_objects()) == before
+    await backend.aclose()
+
+
+async def test_a_call_on_device_arrays_is_a_checkpoint() -> None:
+    """On the caller's stream and on a given one, its work done at once or not."""
+    backend = accy.RecordingBackend()
+    async with accy.open_pipeline("saxpy_f32", backend=backend) as saxpy:
+        x, y, out = DeviceArray(64, A), DeviceArray(64, A), DeviceArray(64, A)
+        await assert_checkpoint(lambda: saxpy(x, y, a=1.0, out=out))
+        await assert_checkpoint(lambda: saxpy(x, y, a=1.0, out=out, stream=Stream(C)))
+        await assert_checkpoint(lambda: accy.wait_stream(backend, Stream(C)))
     await backend.aclose()

@@ -34,7 +34,7 @@ from accy_async.waiting import CompletionLatch, release_when_idle
 from .conftest import EVERY_LOOP
 from .heartbeat import Heartbeat
 from .plans import bind_all, destroy_bindings
-from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY
+from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY, seed_request
 from .test_graph import SIZES, chain_plan, diamond
 
 PTX = p.ArtifactFormat.CUDA_PTX
@@ -44,25 +44,6 @@ ARGS = (p.U32(5000),)
 @pytest.fixture(params=EVERY_LOOP)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
-
-
-def seed_request(
-    operand: accy.BufferHandle,
-    result: accy.BufferHandle,
-    scratch: accy.PipelineIntermediates,
-    pool: accy.PipelineArtifactPool,
-) -> PipelineLaunch:
-    """The seed pipeline over one operand and one result, with pool and scratch given."""
-    return PipelineLaunch(
-        pipeline=SEED_PIPELINE,
-        registry=SEED_REGISTRY,
-        format=PTX,
-        operands=(operand.bind("read_only"),),
-        results=(result.bind(),),
-        runtime_scalar_arguments=ARGS,
-        intermediates=scratch,
-        artifacts=pool,
-    )
 
 
 async def test_waits_on_completed_work_are_checkpoints(backend: accy.Backend) -> None:

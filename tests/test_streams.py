@@ -9,13 +9,12 @@ import pytest
 
 import accy_async as accy
 from accy_async.pipeline import (
-    PipelineLaunch,
     allocate_pipeline_intermediates,
     launch_pipeline,
     load_pipeline_artifacts,
 )
 
-from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY
+from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY, seed_request
 
 PTX = accy.plan.ArtifactFormat.CUDA_PTX
 ARGS = (accy.plan.U32(5000),)
@@ -106,17 +105,7 @@ async def test_pipelines_copies_and_waits_run_on_a_foreign_stream(
         await load_pipeline_artifacts(recording, SEED_PIPELINE, SEED_REGISTRY, PTX) as pool,
         await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS) as scratch,
     ):
-        request = PipelineLaunch(
-            pipeline=SEED_PIPELINE,
-            registry=SEED_REGISTRY,
-            format=PTX,
-            operands=(operand.bind("read_only"),),
-            results=(result.bind(),),
-            runtime_scalar_arguments=ARGS,
-            intermediates=scratch,
-            artifacts=pool,
-            stream=foreign,
-        )
+        request = seed_request(operand, result, scratch, pool, stream=foreign)
         for _ in range(3):  # first launch, the packing launch, a relaunch
             await launch_pipeline(recording, request)
         adopted = recording.adopt_stream(foreign)

@@ -115,6 +115,15 @@ def test_every_candidate_of_the_builtin_tuning_is_trusted() -> None:
         assert all(digest in trusted for digest, _, _ in rows)
 
 
+def _tampered(problem: p.KernelTuningProblem) -> p.KernelTuningProblem:
+    """A built-in tuning problem whose kernel source gained a comment: no longer trusted."""
+    artifact = problem.artifact
+    assert isinstance(artifact.payload, p.TextPayload)
+    text = artifact.payload.text + "\n// mine\n"
+    payload = msgspec.structs.replace(artifact, payload=p.TextPayload(text))
+    return msgspec.structs.replace(problem, artifact=payload)
+
+
 async def test_tuning_an_untrusted_kernel_is_refused_not_recorded_as_failed(
     recording: accy.RecordingBackend,
 ) -> None:
@@ -122,15 +131,7 @@ async def test_tuning_an_untrusted_kernel_is_refused_not_recorded_as_failed(
     from accy_async.tuning import Tuner
 
     document = tuning_document(CUDA, 4096)
-    problem = document.kernels[0]
-    artifact = problem.artifact
-    assert isinstance(artifact.payload, p.TextPayload)
-    tampered = msgspec.structs.replace(
-        problem,
-        artifact=msgspec.structs.replace(
-            artifact, payload=p.TextPayload(artifact.payload.text + "\n// mine\n")
-        ),
-    )
+    tampered = _tampered(document.kernels[0])
     recording.trust_policy = TrustPolicy.builtin()
     async with Tuner(recording) as tuner:
         with pytest.raises(accy.UntrustedKernel, match="not trusted"):
@@ -258,3 +259,22 @@ def test_the_command_line_compiles_untrusted_cuda_only_with_trust(
     assert cli.main([*common, "--out", str(tmp_path / "c"), "--trust"]) == 0
     assert cli.main(["run", "prefix_sum_f32", "--backend", "cuda", "--scalar", "n=1000",
                      "--quiet", "--out", str(tmp_path / "d")]) == 0  # fmt: skip
+
+
+def test_tune_explains_a_refusal_raised_inside_its_task_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tuner's task group wraps the refusal in a group: the hint must still be given."""
+    from accy_async import tune_command
+    from accy_async.library.tuning import tuning_document
+
+    document = tuning_document(CUDA, 4096)
+    tampered = _tampered(document.kernels[0])
+    plan = tmp_path / "tuning.json"
+    plan.write_bytes(p.encode_json(msgspec.structs.replace(document, kernels=(tampered,))))
+    # A backend that takes CUDA C without a GPU: the refusal comes before anything compiles.
+    monkeypatch.setattr(tune_command, "open_backend", lambda kind: accy.open_backend("recording"))
+    status = cli.main(["tune", str(plan), "--sequential", "--quiet", "--no-cache"])
+    assert status == 2
+    error = capsys.readouterr().err
+    assert "UntrustedKernel" in error and "--trust" in error and "digests" in error

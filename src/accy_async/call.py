@@ -53,10 +53,11 @@ from .library import load_builtin
 from .pipeline import (
     PipelineArtifactPool,
     PipelineIntermediates,
+    Resolution,
     allocate_pipeline_intermediates,
     enqueue_checked,
-    intermediate_byte_size,
     load_pipeline_artifacts,
+    resolve_launch,
 )
 from .plan import (
     ArtifactFormat,
@@ -224,8 +225,7 @@ class PipelineCall:
         )
         self._closed = False
         self._resolutions: dict[
-            tuple[tuple[type, Any], ...],
-            tuple[tuple[ScalarArgument, ...], tuple[int, ...], tuple[int, ...]],
+            tuple[tuple[type, Any], ...], tuple[Resolution, tuple[int, ...], tuple[int, ...]]
         ] = {}
 
     @property
@@ -301,7 +301,7 @@ class PipelineCall:
             )
         document = self.document
         arrays = self._check_operands(operands)
-        arguments, counts = self._scalars(arrays, scalars)
+        resolution, counts = self._scalars(arrays, scalars)
         given_stream = None if stream is None else self.backend.adopt_stream(stream)
         results = self._results(out, counts, arrays, given_stream)
         on_cpu = self.backend.kind == "cpu"
@@ -313,14 +313,14 @@ class PipelineCall:
                 raise LaunchArgumentMismatch(_CLOSED_BEFORE)
             lane = self._free.pop() if self._free else _Lane(self.backend.create_stream())
             try:
-                await self._fit(lane, arguments)
+                await self._fit(lane, resolution)
             except BaseException:
                 self._retire(lane)
                 raise
             if on_cpu:
-                await self._run_in_place(lane, arrays, results, arguments)  # type: ignore[arg-type]
+                await self._run_in_place(lane, arrays, results, resolution)  # type: ignore[arg-type]
             else:
-                await self._run_on_device(lane, arrays, results, arguments, given_stream)
+                await self._run_on_device(lane, arrays, results, resolution, given_stream)
             if self._closed_now():  # closed while this call ran: nobody will reuse the lane
                 self._retire(lane)
             else:
@@ -350,8 +350,8 @@ class PipelineCall:
         self,
         arrays: Sequence[_Array],
         given: Mapping[str, ScalarArgument | int | float | np.generic],
-    ) -> tuple[tuple[ScalarArgument, ...], tuple[int, ...]]:
-        """The runtime scalars, and how many elements each result takes.
+    ) -> tuple[Resolution, tuple[int, ...]]:
+        """What the runtime scalars decide, and how many elements each result takes.
 
         A scalar is given by name, or is the length of an operand the plan sizes by it.
         """
@@ -392,7 +392,7 @@ class PipelineCall:
                     f"operand {next(iter(lengths))!r} is empty", path="$.operands"
                 )
             values.append(length)
-        arguments, needs, counts = self._resolved(values)
+        resolution, needs, counts = self._resolved(values)
         for index, (array, shape, needed) in enumerate(
             zip(arrays, self.document.operands, needs, strict=True)
         ):
@@ -402,24 +402,27 @@ class PipelineCall:
                     f"the launch needs {needed}",
                     path=f"$.operands[{index}]",
                 )
-        return arguments, counts
+        return resolution, counts
 
     def _resolved(
         self, values: Sequence[ScalarArgument | int | float]
-    ) -> tuple[tuple[ScalarArgument, ...], tuple[int, ...], tuple[int, ...]]:
-        """The scalars typed, and the elements each operand and result needs: cached by value.
+    ) -> tuple[Resolution, tuple[int, ...], tuple[int, ...]]:
+        """What the scalars decide, and the elements each operand and result needs.
 
-        The key holds each value's type, so ``5`` and ``5.0`` (equal, one hash) are
-        checked apart.
+        Cached by value (:func:`resolve_launch` caches per pipeline too, but keyed by
+        typed scalars only). The key holds each value's type, so ``5`` and ``5.0``
+        (equal, one hash) are checked apart.
         """
         key = tuple([(type(value), value) for value in values])
         cached = self._resolutions.get(key)
         if cached is not None:
             return cached
-        arguments = self.document.pipeline.validate_runtime_scalar_arguments(values)
+        assert self._pool is not None
+        resolution = resolve_launch(self._pool, values)
+        arguments = resolution.arguments
         document = self.document
         cached = (
-            arguments,
+            resolution,
             tuple(resolve_quantity(shape.extent, arguments) for shape in document.operands),
             tuple(resolve_quantity(shape.extent, arguments) for shape in document.results),
         )
@@ -481,13 +484,10 @@ class PipelineCall:
 
     # ----- lanes ------------------------------------------------------------------------
 
-    async def _fit(self, lane: _Lane, arguments: Sequence[ScalarArgument]) -> None:
-        """Grow the lane's scratch to fit ``arguments``."""
+    async def _fit(self, lane: _Lane, resolution: Resolution) -> None:
+        """Grow the lane's scratch to fit the scalars ``resolution`` was made for."""
         pipeline = self.document.pipeline
-        needed = [
-            intermediate_byte_size(spec, arguments, index)
-            for index, spec in enumerate(pipeline.intermediates)
-        ]
+        needed = resolution.intermediate_sizes
         scratch = lane.scratch
         if needed and (
             scratch is None
@@ -497,7 +497,9 @@ class PipelineCall:
             if scratch is not None:
                 lane.settle(self.backend)  # the scratch may be in use on a caller's stream
                 await scratch.aclose()
-            lane.scratch = await allocate_pipeline_intermediates(self.backend, pipeline, arguments)
+            lane.scratch = await allocate_pipeline_intermediates(
+                self.backend, pipeline, resolution.arguments
+            )
 
     def _device_buffer(self, lane: _Lane, key: tuple[str, int], byte_size: int) -> BufferHandle:
         """The lane's device buffer ``key``, grown to ``byte_size`` (off the CPU).
@@ -538,7 +540,7 @@ class PipelineCall:
         stream: StreamHandle,
         operands: Sequence[BufferBinding],
         results: Sequence[BufferBinding],
-        arguments: tuple[ScalarArgument, ...],
+        resolution: Resolution,
     ) -> None:
         """The checkpoint, then the stages on ``stream`` (everything was checked before)."""
         assert self._pool is not None
@@ -546,7 +548,7 @@ class PipelineCall:
         if self._closed_now():
             raise LaunchArgumentMismatch(_CLOSED_BEFORE)
         enqueue_checked(
-            self._pool, operands, results, lane.scratch, arguments, stream, track=lane.stream
+            self._pool, resolution, operands, results, lane.scratch, stream, track=lane.stream
         )
         lane.ran(self.backend, stream)
 
@@ -557,7 +559,7 @@ class PipelineCall:
         lane: _Lane,
         arrays: Sequence[np.ndarray[Any, Any]],
         results: Sequence[np.ndarray[Any, Any]],
-        arguments: tuple[ScalarArgument, ...],
+        resolution: Resolution,
     ) -> None:
         """CPU: the kernels read and write the caller's arrays where they lie."""
         backend = self.backend
@@ -572,7 +574,7 @@ class PipelineCall:
                 lane.stream,
                 [handle.bind("read_only") for handle in handles[:count]],
                 [handle.bind() for handle in handles[count:]],
-                arguments,
+                resolution,
             )
             await wait_stream(backend, lane.stream)
         except BaseException:
@@ -585,7 +587,7 @@ class PipelineCall:
         lane: _Lane,
         arrays: Sequence[_Array],
         results: Sequence[_Array],
-        arguments: tuple[ScalarArgument, ...],
+        resolution: Resolution,
         given: StreamHandle | None,
     ) -> None:
         """Off the CPU: device arrays in place, NumPy arrays copied in and out.
@@ -641,7 +643,7 @@ class PipelineCall:
                             backend.write_buffer(handle, data, stream=stream)
                     bindings.append(handle.bind(access, byte_size=size))  # type: ignore[arg-type]
             count = len(arrays)
-            await self._enqueue(lane, stream, bindings[:count], bindings[count:], arguments)
+            await self._enqueue(lane, stream, bindings[:count], bindings[count:], resolution)
             if not direct:
                 for foreign in _streams(results):
                     backend.lead_foreign_stream(foreign, stream)

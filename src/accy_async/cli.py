@@ -27,6 +27,7 @@ from . import library
 from ._version import __version__
 from .backends import auto_backend_choice, open_backend
 from .backends.base import Limits
+from .backends.cpu import host_memory_available
 from .backends.cpu_kernels import lookup_cpu_kernel
 from .buffers import download, upload
 from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_int
@@ -34,10 +35,10 @@ from .cli_trust import (
     add_digests_parser,
     add_trust_arguments,
     digests,
-    explain_untrusted,
     trust_policy_from,
+    untrusted_explained,
 )
-from .errors import AccyError, InvalidArtifact, LimitExceeded, OutOfDeviceMemory, UntrustedKernel
+from .errors import AccyError, InvalidArtifact, LimitExceeded, OutOfDeviceMemory
 from .pipeline import (
     PipelineLaunch,
     allocate_pipeline_intermediates,
@@ -181,6 +182,7 @@ def _parse_scalars(document: PipelineDocument, given: Sequence[str]) -> tuple[Sc
     names = list(document.runtime_scalar_names)
     types = list(pipeline.runtime_scalar_types) or ["u32"] * count
     values: list[str | None] = [None] * count
+    labels = [names[index] if index < len(names) else str(index) for index in range(count)]
     for position, item in enumerate(given):
         name, _, value = item.partition("=")
         if not value:
@@ -189,13 +191,12 @@ def _parse_scalars(document: PipelineDocument, given: Sequence[str]) -> tuple[Sc
         if not 0 <= index < count:
             raise AccyError(f"unknown runtime scalar {name!r}; the plan takes {names or count}")
         values[index] = value
-    missing = [names[i] if i < len(names) else str(i) for i, v in enumerate(values) if v is None]
+    missing = [label for label, value in zip(labels, values, strict=True) if value is None]
     if missing:
         raise AccyError(f"give the runtime scalars {missing} with --scalar NAME=VALUE")
     parsed = []
-    for index, (kind, text) in enumerate(zip(types, values, strict=True)):
+    for label, kind, text in zip(labels, types, values, strict=True):
         assert text is not None
-        label = names[index] if index < len(names) else str(index)
         try:
             parsed.append(scalar(kind, float(text) if kind.startswith("f") else int(text, 0)))
         except (ValueError, AccyError) as exc:
@@ -258,8 +259,6 @@ def _make_operand(
 
 def _check_host_memory(document: PipelineDocument, scalars: Sequence[ScalarArgument]) -> None:
     """Refuse a run whose arrays (and their generation) would not fit in the host's memory."""
-    from .backends.cpu import host_memory_available
-
     available = host_memory_available()
     specs = [*document.operands, *document.results]
     # Each array lives on the host (generated or read, then downloaded); generating one goes
@@ -322,10 +321,8 @@ async def _run(args: argparse.Namespace) -> int:
         raise AccyError(f"--out {folder}: not a folder", path="--out")
     out = anyio.Path(folder)
     policy = trust_policy_from(args)
-    try:
+    with untrusted_explained(args.plan):
         return await _run_on_backend(args, document, scalars, inputs, sources, out, policy)
-    except UntrustedKernel as error:
-        raise explain_untrusted(error, args.plan) from None
 
 
 async def _run_on_backend(

@@ -11,7 +11,9 @@ prints the digests to put in a trust file. See ``docs/security.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ __all__ = [
     "digests",
     "explain_untrusted",
     "trust_policy_from",
+    "untrusted_explained",
 ]
 
 DEFAULT_TRUST_FILE = Path("~/.config/accy-async/trusted-kernels")
@@ -81,6 +84,30 @@ def explain_untrusted(error: UntrustedKernel, plan: str) -> AccyError:
         f"or add its digests (accy-async digests {plan}) to your trust file",
         path=error.path,
     )
+
+
+@contextlib.contextmanager
+def untrusted_explained(plan: str) -> Iterator[None]:
+    """Turn an :class:`UntrustedKernel` raised inside (task groups' too) into the explained one."""
+    try:
+        yield
+    except BaseException as error:
+        untrusted = _untrusted_in(error)
+        if untrusted is None:
+            raise
+        raise explain_untrusted(untrusted, plan) from None
+
+
+def _untrusted_in(error: BaseException) -> UntrustedKernel | None:
+    """``error`` if it is the refusal, else the first refusal in an exception group."""
+    if isinstance(error, UntrustedKernel):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for each in error.exceptions:
+            found = _untrusted_in(each)
+            if found is not None:
+                return found
+    return None
 
 
 def add_digests_parser(commands: Any) -> None:

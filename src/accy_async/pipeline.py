@@ -77,12 +77,14 @@ __all__ = [
     "PipelineIntermediates",
     "PipelineLaunch",
     "PoolEntry",
+    "Resolution",
     "allocate_pipeline_intermediates",
     "choose_format",
     "enqueue_checked",
     "intermediate_byte_size",
     "launch_pipeline",
     "load_pipeline_artifacts",
+    "resolve_launch",
 ]
 
 _MAX_BYTES: Final = 2**63 - 1
@@ -303,18 +305,23 @@ class _Program:
     entries: tuple[RegistryEntry, ...]
     refs: tuple[tuple[tuple[int, int], ...], ...]
     """Per stage, each buffer as ``(source, index)``: 0 operand, 1 result, 2 intermediate."""
-    resolved: OrderedDict[tuple[ScalarArgument | int | float, ...], _Resolved]
+    resolved: OrderedDict[tuple[ScalarArgument | int | float, ...], Resolution]
 
 
 @dataclass(frozen=True, slots=True)
-class _Resolved:
-    """What the runtime scalars decide: each stage's scalars and geometry, scratch sizes."""
+class Resolution:
+    """What the runtime scalars decide for one pipeline (see :func:`resolve_launch`).
+
+    Each stage's scalars and geometry, the scratch sizes; cached per pipeline.
+    """
 
     arguments: tuple[ScalarArgument, ...]
     """The runtime scalars, typed."""
     stage_scalars: tuple[tuple[ScalarArgument, ...], ...]
     geometry: tuple[tuple[tuple[int, int, int], tuple[int, int, int], int], ...]
     intermediate_sizes: tuple[int, ...]
+    refs: tuple[tuple[tuple[int, int], ...], ...]
+    """Per stage, each buffer as ``(source, index)`` (the pipeline's, kept here for launches)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +391,7 @@ def _program(
     )
 
 
-def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float]) -> _Resolved:
+def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float]) -> Resolution:
     key = tuple(arguments)
     cached = program.resolved.get(key)
     if cached is not None:
@@ -410,7 +417,9 @@ def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float
         scalars = tuple(_derive(derivation, arguments, stage_index) for derivation in stage.scalars)
         stage_scalars.append(scalars)
         geometry.append(entry.launch.resolve(scalars))
-    resolved = _Resolved(tuple(arguments), tuple(stage_scalars), tuple(geometry), sizes)
+    resolved = Resolution(
+        tuple(arguments), tuple(stage_scalars), tuple(geometry), sizes, program.refs
+    )
     program.resolved[key] = resolved
     if len(program.resolved) > _RESOLVED_CAPACITY:
         program.resolved.popitem(last=False)
@@ -621,14 +630,11 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             provided.streams_used.add(stream)
         sources = (operands, results, provided)
         stages = []
-        for launcher, refs, stage_scalars, (grid, block, shared) in zip(
-            pool.launchers, program.refs, resolved.stage_scalars, resolved.geometry, strict=True
-        ):
-            buffers = [sources[source][index] for source, index in refs]
-            launcher(buffers, stage_scalars, grid, block, shared, stream)
+        for stage_index, launcher in enumerate(pool.launchers):
+            buffers = _launch_stage(launcher, resolved, stage_index, sources, stream)
             if seen_before:
-                prepared = launcher.prepare(buffers, stage_scalars)
-                stages.append((launcher, prepared, grid, block, shared))
+                prepared = launcher.prepare(buffers, resolved.stage_scalars[stage_index])
+                stages.append((launcher, prepared, *resolved.geometry[stage_index]))
         # A request seen for the first time is only remembered (packing costs more than a
         # launch, and most requests come once); launched again, it is packed to relaunch.
         if not seen_before:
@@ -659,14 +665,14 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         if pool is not None:
             pool.streams_used.add(stream)
             for stage_index, launcher in enumerate(pool.launchers):
-                _launch_stage(launcher, program, resolved, stage_index, sources, stream)
+                _launch_stage(launcher, resolved, stage_index, sources, stream)
         else:
             for stage_index, entry in enumerate(program.entries):
                 artifact = await backend.create_artifact(entry.artifact_spec(request.diagnostic_id))
                 loaded = await backend.load_artifact(artifact)
                 owned.append(loaded)
                 _launch_stage(
-                    backend.stage_launcher(loaded), program, resolved, stage_index, sources, stream
+                    backend.stage_launcher(loaded), resolved, stage_index, sources, stream
                 )
         await wait_stream(backend, stream)
     except BaseException:
@@ -675,12 +681,24 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     backend.destroy_all(owned)
 
 
+def resolve_launch(
+    pool: PipelineArtifactPool, arguments: Sequence[ScalarArgument | int | float]
+) -> Resolution:
+    """What ``arguments`` decide for ``pool``'s pipeline.
+
+    The scalars are checked (count, types, bounds) and typed, as every launch
+    checks them; the answer is cached per pipeline. Raises
+    :class:`LaunchArgumentMismatch` (:class:`LimitExceeded` for a bound).
+    """
+    return _resolve(_program(pool.pipeline, pool.registry, pool.format), arguments)
+
+
 def enqueue_checked(
     pool: PipelineArtifactPool,
+    resolution: Resolution,
     operands: Sequence[BufferBinding],
     results: Sequence[BufferBinding],
     intermediates: PipelineIntermediates | None,
-    arguments: Sequence[ScalarArgument],
     stream: StreamHandle,
     *,
     track: StreamHandle | None = None,
@@ -689,34 +707,27 @@ def enqueue_checked(
 
     Not a checkpoint, and it checks only that the pool and scratch are open:
     for callers that have checked the rest (counts, sizes, liveness of the
-    buffers and stream, the scalars typed by the plan) as the high-level call
-    does before each launch. What the scalars resolve to is cached per
-    pipeline, as for every launch. The pool and scratch note ``track`` as the
-    stream to wait for before they are freed (``stream`` by default): a caller
-    running on a stream it does not own passes one of its own, made to wait
-    for the work.
+    buffers and stream) and resolved the scalars (:func:`resolve_launch`), as
+    the high-level call does before each launch. The pool and scratch note
+    ``track`` as the stream to wait for before they are freed (``stream`` by
+    default): a caller running on a stream it does not own passes one of its
+    own, made to wait for the work.
     """
-    if pool.closed:
-        raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
-    if intermediates is not None and intermediates.closed:
-        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
-    program = _program(pool.pipeline, pool.registry, pool.format)
-    resolved = _resolve(program, arguments)
+    _check_open(pool, intermediates)
     pool.streams_used.add(track or stream)
     if intermediates is not None:
         intermediates.streams_used.add(track or stream)
     sources = (operands, results, intermediates or ())
-    for launcher, refs, stage_scalars, (grid, block, shared) in zip(
-        pool.launchers, program.refs, resolved.stage_scalars, resolved.geometry, strict=True
-    ):
-        launcher(
-            [sources[source][index] for source, index in refs],
-            stage_scalars,
-            grid,
-            block,
-            shared,
-            stream,
-        )
+    for stage_index, launcher in enumerate(pool.launchers):
+        _launch_stage(launcher, resolution, stage_index, sources, stream)
+
+
+def _check_open(pool: PipelineArtifactPool, intermediates: object) -> None:
+    """Raise :class:`LaunchArgumentMismatch` if the pool or the scratch was closed."""
+    if pool.closed:
+        raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
+    if isinstance(intermediates, PipelineIntermediates) and intermediates.closed:
+        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
 
 
 def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool:
@@ -727,10 +738,7 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool
     pool or intermediates were closed.
     """
     intermediates = memo.request.intermediates
-    if pool.closed:
-        raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
-    if isinstance(intermediates, PipelineIntermediates) and intermediates.closed:
-        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
+    _check_open(pool, intermediates)
     if not memo.still_holds(backend):
         return False
     stream = memo.stream
@@ -744,22 +752,19 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool
 
 def _launch_stage(
     launcher: StageLauncher,
-    program: _Program,
-    resolved: _Resolved,
+    resolved: Resolution,
     stage_index: int,
     sources: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]],
     stream: StreamHandle | None,
-) -> None:
-    # Every buffer, the stream and the stage's counts were checked before the first launch.
+) -> list[BufferBinding]:
+    """Enqueue stage ``stage_index``; the buffers it was given (to pack them, if wanted).
+
+    Every buffer, the stream and the stage's counts were checked before the first launch.
+    """
+    buffers = [sources[source][index] for source, index in resolved.refs[stage_index]]
     grid, block, shared = resolved.geometry[stage_index]
-    launcher(
-        [sources[source][index] for source, index in program.refs[stage_index]],
-        resolved.stage_scalars[stage_index],
-        grid,
-        block,
-        shared,
-        stream,
-    )
+    launcher(buffers, resolved.stage_scalars[stage_index], grid, block, shared, stream)
+    return buffers
 
 
 def _check_shapes(request: PipelineLaunch, arguments: Sequence[ScalarArgument]) -> None:

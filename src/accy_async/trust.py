@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +137,7 @@ def builtin_digests() -> frozenset[str]:
     from .library.tuning import tuning_document
 
     documents: list[object] = [library.load_builtin(name) for name in library.BUILTIN_PLANS]
-    for dtype in library.BUILTIN_DTYPES:
+    for dtype in library.SUPPORTED_DTYPES:
         for build in (library.prefix_sum, library.saxpy, library.reduce_sum):
             with contextlib.suppress(ValueError):  # not every kernel comes in every type
                 documents.append(build(dtype))
@@ -209,8 +209,18 @@ class TrustPolicy:
             path=path,
         )
 
-    def check_registry(self, registry: KernelCallRegistry, prefix: str = "$.registry") -> None:
-        """Raise :class:`UntrustedKernel` for the first CUDA entry not allowed, with its path."""
+    def check_registry(
+        self,
+        registry: KernelCallRegistry,
+        prefix: str = "$.registry",
+        formats: Collection[ArtifactFormat] | None = None,
+    ) -> None:
+        """Raise :class:`UntrustedKernel` for the first CUDA entry not allowed, with its path.
+
+        With ``formats``, only entries in those formats (a backend's) are checked.
+        """
         for index, entry in enumerate(registry.entries):
-            if entry.format is not ArtifactFormat.CPU:
+            if entry.format is not ArtifactFormat.CPU and (
+                formats is None or entry.format in formats
+            ):
                 self.check(entry.artifact_spec(), f"{prefix}.entries[{index}]")

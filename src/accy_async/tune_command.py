@@ -21,8 +21,8 @@ import msgspec
 
 from .backends import open_backend
 from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_float, positive_int
-from .cli_trust import add_trust_arguments, explain_untrusted, trust_policy_from
-from .errors import AccyError, UntrustedKernel
+from .cli_trust import add_trust_arguments, trust_policy_from, untrusted_explained
+from .errors import AccyError
 from .library import DEFAULT_TUNING_N, tuning_document
 from .library.tuning import BUILTIN_TARGETS
 from .plan import ArtifactFormat, TuningDocument, decode_json
@@ -176,10 +176,8 @@ async def tune(args: argparse.Namespace) -> int:
     """Run ``accy-async tune``; 0 when every problem has a winner."""
     plan_file = _plan_file(args.plan)
     policy = trust_policy_from(args)
-    try:
+    with untrusted_explained(args.plan or "the tuning plan"):
         return await _tune_on_backend(args, plan_file, policy)
-    except UntrustedKernel as error:
-        raise explain_untrusted(error, args.plan or "the tuning plan") from None
 
 
 async def _tune_on_backend(

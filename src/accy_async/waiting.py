@@ -311,10 +311,8 @@ class _Schedule:
 
     spin_throughout: bool
     """Poll between checkpoints from start to end (``latency``)."""
-    wake_early: bool
-    """Wake the clock's margin and ``spread_factor`` forecast spreads before the due time
-    (else sleep to the due time)..."""
     spread_factor: float
+    """Wake the clock's margin and this many forecast spreads before the due time..."""
     approach: bool
     """... arriving through one short sleep, which lands on time more reliably."""
     look_ins: int
@@ -339,7 +337,6 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
     # Polls between checkpoints from the start: nothing below is read.
     "latency": _Schedule(
         spin_throughout=True,
-        wake_early=False,
         spread_factor=0.0,
         approach=False,
         look_ins=0,
@@ -353,7 +350,6 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
     ),
     "balanced": _Schedule(
         spin_throughout=False,
-        wake_early=True,
         spread_factor=1.0,
         approach=True,
         look_ins=2,
@@ -367,7 +363,6 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
     ),
     "frugal": _Schedule(
         spin_throughout=False,
-        wake_early=True,
         spread_factor=1.0,
         approach=False,
         look_ins=0,
@@ -438,13 +433,13 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
         if await _sleep_until_due(loop, query, expected, schedule):
             return
         watch_until = expected.due + max(2 * expected.spread, schedule.least_patience)
+        step = max(expected.spread / 2, schedule.alarm_step)
         while time.perf_counter() < watch_until:
             if query():
                 return
             if schedule.tight_window:
                 await checkpoint()
             else:
-                step = max(expected.spread / 2, schedule.alarm_step)
                 await loop.sleep_until(time.perf_counter() + step)
     # No forecast, or the work runs past it: polls spaced by a fraction of the time waited
     # (since the due time, if the wait began before it: a late finish is judged by how late
@@ -464,7 +459,7 @@ async def _watch_from_loop(loop: _loops.Loop, target: _Target, schedule: _Schedu
 async def _sleep_until_due(
     loop: _loops.Loop, query: Any, expected: Anticipation, schedule: _Schedule
 ) -> bool:
-    """Sleep until the due time, less the clock's margin (and ``balanced``: the spread).
+    """Sleep until the due time, less the clock's margin and ``spread_factor`` spreads.
 
     Looks in on the way if the forecast is unsure, in case the work ends
     early; ``balanced`` arrives through one short sleep, which lands on time
@@ -472,12 +467,10 @@ async def _sleep_until_due(
     complete.
     """
     clock = loop.clock
-    wake_at = expected.due
-    if schedule.wake_early:
-        wake_at -= clock.margin + schedule.spread_factor * expected.spread
+    wake_at = expected.due - clock.margin - schedule.spread_factor * expected.spread
     now = time.perf_counter()
     if now >= wake_at:
-        if schedule.wake_early and now < expected.due:  # the margin, not the forecast, missed
+        if now < expected.due:  # the margin, not the forecast, missed
             clock.missed_a_sleep()
         return False
     look_ins = schedule.look_ins

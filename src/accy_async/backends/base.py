@@ -579,14 +579,16 @@ class Backend(abc.ABC):
         legacy and per-thread default streams). Nothing waits on the host. Only backends with such
         streams (CUDA) support it.
         """
-        raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
+        self._check_usable()
+        self._follow_foreign(self._stream(stream), raw_stream_handle(foreign))
 
     def lead_foreign_stream(self, foreign: StreamLike, stream: StreamLike | None) -> None:
         """Make the raw stream ``foreign`` wait, on the device, for the work queued on ``stream``.
 
         See :meth:`follow_foreign_stream`.
         """
-        raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
+        self._check_usable()
+        self._lead_foreign(raw_stream_handle(foreign), self._stream(stream))
 
     # ----- launch --------------------------------------------------------------------------
 
@@ -851,7 +853,7 @@ class Backend(abc.ABC):
         if _ORPHANS_TOKEN in ready_ids:
             while self._orphans:
                 orphans, stream = self._orphans.popleft()
-                live = [obj for obj in orphans if self._live.get(obj.id) is obj]
+                live = [obj for obj in orphans if self.owns(obj)]
                 self.defer_destroy(live, after=stream if stream and self.owns(stream) else None)
         with self._deferred_lock:
             done = [entry for entry in self._deferred if entry[0] in ready_ids]
@@ -886,7 +888,7 @@ class Backend(abc.ABC):
                 self.destroy_all(deferred.pop()[1])  # may drop an owned view's last reference
             while self._orphans:
                 orphans, _ = self._orphans.popleft()
-                self.destroy_all([obj for obj in orphans if self._live.get(obj.id) is obj])
+                self.destroy_all([obj for obj in orphans if self.owns(obj)])
             leaked = self.live_handles()
             if leaked:
                 owned = [obj for obj in leaked if not is_external(obj)]
@@ -1018,6 +1020,16 @@ class Backend(abc.ABC):
     def _forget_stream(self, stream: StreamHandle) -> None:
         """Drop what the backend kept about an adopted stream (default: nothing)."""
         del stream
+
+    def _follow_foreign(self, stream: StreamHandle, raw: int) -> None:
+        """``stream`` waits for the work queued so far on the raw stream ``raw`` (default: none)."""
+        del stream, raw
+        raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
+
+    def _lead_foreign(self, raw: int, stream: StreamHandle) -> None:
+        """The raw stream ``raw`` waits for the work queued so far on ``stream`` (default: none)."""
+        del raw, stream
+        raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
 
     @abc.abstractmethod
     def _create_event(self, object_id: int, timing: bool) -> Any: ...

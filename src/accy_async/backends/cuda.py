@@ -63,10 +63,8 @@ from .base import (
     PendingRead,
     StageLauncher,
     StreamHandle,
-    StreamLike,
     StreamMark,
     WaitPolicy,
-    raw_stream_handle,
 )
 from .compile_pool import CompilePool, shared_compile_pool
 from .cuda_driver import driver, initialised_driver, probe_cuda, translate
@@ -721,9 +719,7 @@ class CudaBackend(Backend):
 
     def _adopt_stream(self, object_id: int, raw: int) -> Any:
         d = driver()
-        if raw < 0:
-            raise InvalidBuffer(f"a raw stream handle is not negative, got {raw}", path="$.stream")
-        native = d.CUstream(raw)
+        native = self._foreign(raw)
         if raw > _PER_THREAD_STREAM:  # a created stream: it must be this backend's device's
             result, context = d.cuStreamGetCtx(native)
             if result != self._success:
@@ -765,21 +761,16 @@ class CudaBackend(Backend):
             return None
         return record.ledger.anticipate(record.position)
 
-    def follow_foreign_stream(self, stream: StreamLike | None, foreign: StreamLike) -> None:
-        """Make ``stream`` wait, on the device, for the work queued so far on ``foreign``."""
-        self._check_usable()
-        ours = self._stream(stream)
-        self._order(self._foreign(foreign), ours.native)
-        self._ledger(ours).lose_track()  # when the foreign work ends is not known here
+    def _follow_foreign(self, stream: StreamHandle, raw: int) -> None:
+        self._order(self._foreign(raw), stream.native)
+        self._ledger(stream).lose_track()  # when the foreign work ends is not known here
 
-    def lead_foreign_stream(self, foreign: StreamLike, stream: StreamLike | None) -> None:
-        """Make the raw stream ``foreign`` wait, on the device, for what is queued on ``stream``."""
-        self._check_usable()
-        self._order(self._stream(stream).native, self._foreign(foreign))
+    def _lead_foreign(self, raw: int, stream: StreamHandle) -> None:
+        self._order(stream.native, self._foreign(raw))
 
     @staticmethod
-    def _foreign(foreign: StreamLike) -> Any:
-        raw = raw_stream_handle(foreign)
+    def _foreign(raw: int) -> Any:
+        """The ``CUstream`` of a raw handle (a negative one is refused)."""
         if raw < 0:
             raise InvalidBuffer(f"a raw stream handle is not negative, got {raw}", path="$.stream")
         return driver().CUstream(raw)

@@ -185,19 +185,20 @@ class CostModel:
         intercept, slope, _ = best
         if not slope and not self._prefer_local:
             return max(intercept, _SMALLEST_COST)
-        line, local = self._predictions(best, self.features(arguments))
-        return local if self._prefer_local and local is not None else line
+        prefer_local = self._prefer_local
+        line, local = self._predictions(best, self.features(arguments), local=prefer_local)
+        return local if prefer_local and local is not None else line
 
     def _predictions(
-        self, best: tuple[float, float, int], features: tuple[float, ...]
+        self, best: tuple[float, float, int], features: tuple[float, ...], *, local: bool = True
     ) -> tuple[float, float | None]:
-        """The line's prediction, and the one from the measured points near ``x`` (if any)."""
+        """The line's prediction, and the measured points' near ``x`` (if any, and ``local``)."""
         intercept, slope, index = best
         if index >= len(features):
             return max(intercept, _SMALLEST_COST), None
         x = features[index]
         line = max(intercept + slope * x, _SMALLEST_COST)
-        near = self._near(index, x)
+        near = self._near(index, x) if local else None
         if near is None:
             return line, None
         (x0, t0), other = near

@@ -50,9 +50,7 @@ from .base import (
     LoadedArtifact,
     PendingRead,
     StreamHandle,
-    StreamLike,
     WaitPolicy,
-    raw_stream_handle,
 )
 
 __all__ = [
@@ -438,15 +436,11 @@ class RecordingBackend(Backend):
         self._unfinished[object_id] = []
         return None
 
-    def follow_foreign_stream(self, stream: StreamLike | None, foreign: StreamLike) -> None:
-        """Noted in :attr:`foreign_orders` (no device to order)."""
-        self._check_usable()
-        self.foreign_orders.append(("follow", self._stream(stream).id, raw_stream_handle(foreign)))
+    def _follow_foreign(self, stream: StreamHandle, raw: int) -> None:
+        self.foreign_orders.append(("follow", stream.id, raw))  # no device to order
 
-    def lead_foreign_stream(self, foreign: StreamLike, stream: StreamLike | None) -> None:
-        """Noted in :attr:`foreign_orders` (no device to order)."""
-        self._check_usable()
-        self.foreign_orders.append(("lead", raw_stream_handle(foreign), self._stream(stream).id))
+    def _lead_foreign(self, raw: int, stream: StreamHandle) -> None:
+        self.foreign_orders.append(("lead", raw, stream.id))
 
     def _adopt_stream(self, object_id: int, raw: int) -> Any:
         """Another library's stream, as CUDA takes one: the raw handle is the native."""

@@ -9,6 +9,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from ..backends.cuda_driver import driver
 from .rig import BATCH, KERNELS, Rig
 
@@ -290,13 +292,8 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
         rows[
             "accy await launch_pipeline, fresh request each call, per stage (3 stages)"
         ] = await _paired_us(raw, fresh_pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3)
-        one_stage = p.KernelCallPipeline(
-            target="bench.one_stage",
-            version=1,
-            operand_count=1,
-            result_count=1,
-            runtime_scalar_argument_count=1,
-            stages=(pipeline.stages[2],),
+        one_stage = msgspec.structs.replace(
+            pipeline, target="bench.one_stage", intermediates=(), stages=(pipeline.stages[2],)
         )
         one_pool = await load_pipeline_artifacts(
             backend, one_stage, registry, p.ArtifactFormat.CUDA_SOURCE

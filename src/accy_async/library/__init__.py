@@ -19,12 +19,11 @@ from typing import Final
 
 from ..plan import DType, PipelineDocument, decode_json
 from . import cpu
-from .builders import BUILTIN_DTYPES, cuda_source, prefix_sum, reduce_sum, saxpy
+from .builders import cuda_source, prefix_sum, reduce_sum, saxpy
 from .cpu import SUPPORTED_DTYPES
 from .tuning import DEFAULT_TUNING_N, tuning_document
 
 __all__ = [
-    "BUILTIN_DTYPES",
     "BUILTIN_PLANS",
     "DEFAULT_TUNING_N",
     "SUPPORTED_DTYPES",

@@ -34,7 +34,7 @@ from ..plan import (
 )
 from .cpu import REDUCE_ITEMS
 
-__all__ = ["BUILTIN_DTYPES", "cuda_source", "prefix_sum", "reduce_sum", "saxpy"]
+__all__ = ["cuda_source", "prefix_sum", "reduce_sum", "saxpy"]
 
 _C_TYPES: Final = {
     DType.F32: "float",
@@ -46,10 +46,6 @@ _C_TYPES: Final = {
 }
 _N_BOUND: Final = RuntimeScalarBound(argument_index=0, min=1, max=2**32 - 1)
 _SINGLE_BLOCK: Final = 1024
-
-
-BUILTIN_DTYPES: Final = tuple(_C_TYPES)
-"""The element types the built-in kernels are made for."""
 
 
 @cache

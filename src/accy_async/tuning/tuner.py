@@ -230,12 +230,7 @@ class Tuner:
                     policy.check(spec, f"$.candidates[{index}]")
             return
         for index, candidate in enumerate(problem.candidates):
-            for entry_index, entry in enumerate(candidate.registry.entries):
-                if entry.format in formats:
-                    policy.check(
-                        entry.artifact_spec(),
-                        f"$.candidates[{index}].registry.entries[{entry_index}]",
-                    )
+            policy.check_registry(candidate.registry, f"$.candidates[{index}].registry", formats)
 
     async def tune_all(
         self, problems: Sequence[TuningProblem], *, budget: float | None = None
