@@ -155,7 +155,7 @@ def test_schema_is_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
 
 
 def _cuda_usable() -> bool:
-    from accy_async.backends.cuda_driver import probe_cuda
+    from accy_async.backends.cuda.driver import probe_cuda
 
     return probe_cuda()[0]
 

@@ -8,8 +8,13 @@ import msgspec
 import pytest
 
 import accy_async as accy
-from accy_async.backends.compile_pool import CompileLimits, CompilePool, read_frame, write_frame
-from accy_async.backends.nvrtc_worker import serve
+from accy_async.backends.cuda.compile_pool import (
+    CompileLimits,
+    CompilePool,
+    read_frame,
+    write_frame,
+)
+from accy_async.backends.cuda.nvrtc_worker import serve
 
 from .conftest import needs_gpu
 
@@ -18,7 +23,7 @@ BAD = 'extern "C" __global__ void k(float* x) { x[0] = undefined_name; }'
 
 
 def nvrtc_present() -> bool:
-    from accy_async.backends.nvrtc import _supported_architectures
+    from accy_async.backends.cuda.nvrtc import _supported_architectures
 
     try:
         _supported_architectures()

@@ -53,14 +53,14 @@ async def test_nvrtc_errors_carry_the_compile_log(cuda: accy.Backend) -> None:
 
 
 async def test_ptx_and_cubin_payloads_load_and_run(cuda: accy.Backend) -> None:
-    from accy_async.backends.nvrtc import compile_source
+    from accy_async.backends.cuda.nvrtc import compile_source
 
     assert isinstance(cuda, accy.backends.cuda.CudaBackend)
     major, minor = cuda.compute_capability
     source = KERNELS["iota_f32"][2]
     cubin = compile_source(source, "iota_f32", (), (major, minor))
     assert cubin.kind == "cubin"
-    from accy_async.backends import nvrtc as nvrtc_module
+    from accy_async.backends.cuda import nvrtc as nvrtc_module
 
     ptx = nvrtc_module._compile(source, "iota_f32", (), f"-arch=compute_{major}{minor}", "ptx")
     n = 1000
@@ -200,14 +200,14 @@ async def test_anticipated_waits_learn_the_duration_and_leave_nothing_behind(
     assert mark is not None and mark.query()
     mark.release()
 
-    pool = len(cuda._marker_pool)
+    pool = cuda.idle_markers
     launch(100_000_000)
     with anyio.move_on_after(0.02) as scope:  # cancelled while pending: the marker is not lost
         await accy.wait_stream(cuda, stream)
     assert scope.cancelled_caught
     await accy.wait_stream(cuda, stream)
     with anyio.fail_after(5):
-        while any(cuda._reactor._pending.values()) or len(cuda._marker_pool) < pool:  # noqa: ASYNC110
+        while cuda.watched_completions or cuda.idle_markers < pool:  # noqa: ASYNC110
             await anyio.sleep(0.001)  # the reactor's thread recycles the marker
     cuda.destroy_all([slow, buffer, stream, event])
 

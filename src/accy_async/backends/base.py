@@ -42,8 +42,6 @@ import anyio.lowlevel
 import msgspec
 
 from ..errors import (
-    AccyError,
-    BackendClosed,
     DeviceFault,
     InvalidArtifact,
     InvalidBuffer,
@@ -71,6 +69,7 @@ from ._handles import (
     raw_handle_of,
     raw_stream_handle,
 )
+from ._health import Health
 from ._launcher import StageLauncher
 from ._marks import PendingRead, StreamMark
 from .forecast import Anticipation
@@ -203,9 +202,7 @@ class Backend(abc.ABC):
         self._ids = itertools.count(1)
         self._live: dict[int, DeviceObject] = {}
         self._live_bytes = 0
-        self._unusable: AccyError | None = None
-        self._fault: DeviceFault | None = None
-        self._closed = False
+        self._health = Health(self.kind)
         self._deferred: list[tuple[int, list[DeviceObject]]] = []
         self._deferred_ready: deque[int] = deque()
         self._deferred_tokens = itertools.count()
@@ -259,7 +256,7 @@ class Backend(abc.ABC):
     @property
     def fault(self) -> DeviceFault | None:
         """The sticky fault that poisoned this backend, if any."""
-        return self._fault
+        return self._health.fault
 
     @property
     def wait_policy(self) -> WaitPolicy:
@@ -274,7 +271,7 @@ class Backend(abc.ABC):
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` has run."""
-        return self._closed
+        return self._health.closed
 
     def live_objects(self, *, owned_only: bool = False) -> Mapping[int, str]:
         """Every object created and not yet destroyed: id to kind (``buffer``, ``event``...).
@@ -613,8 +610,8 @@ class Backend(abc.ABC):
         the kernel's arguments, then scalars; their counts must match the
         artifact's, and every buffer must be live on this backend.
         """
-        if self._unusable is not None:
-            self._raise_unusable()
+        if self._health.refusal is not None:
+            self._health.refuse()
         if self._deferred_ready:
             self.collect_deferred()
         if self._live.get(loaded.id) is not loaded:
@@ -667,8 +664,8 @@ class Backend(abc.ABC):
         counts fit the artifact (the pipeline and graph runners do, before
         their first launch). A closed or faulted backend still refuses.
         """
-        if self._unusable is not None:
-            self._raise_unusable()
+        if self._health.refusal is not None:
+            self._health.refuse()
         self._launch(
             loaded,
             buffers,
@@ -693,14 +690,14 @@ class Backend(abc.ABC):
 
         Raises the backend's :class:`DeviceFault` once it has one.
         """
-        if self._unusable is not None:
-            self._raise_unusable()
+        if self._health.refusal is not None:
+            self._health.refuse()
         return self._query_event(event)
 
     def query_stream(self, stream: StreamLike | None = None) -> bool:
         """Whether all work enqueued on ``stream`` has completed; never blocks."""
-        if self._unusable is not None:
-            self._raise_unusable()
+        if self._health.refusal is not None:
+            self._health.refuse()
         return self._query_stream(self._stream(stream))
 
     def notify_when_complete(
@@ -712,8 +709,8 @@ class Backend(abc.ABC):
         :class:`BackendClosed`) that prevents it. If the event is already
         complete the callback may run before this returns.
         """
-        if self._unusable is not None:
-            self._raise_unusable()
+        if self._health.refusal is not None:
+            self._health.refuse()
         return self._notify_when_complete(event, callback)
 
     def anticipate(self, event: EventHandle) -> Anticipation | None:
@@ -735,8 +732,8 @@ class Backend(abc.ABC):
         Uses no event the caller can see (the backend's own marker), so it
         creates no device object.
         """
-        if self._unusable is not None:
-            self._raise_unusable()
+        if self._health.refusal is not None:
+            self._health.refuse()
         return self._notify_when_stream_complete(self._stream(stream), callback)
 
     def mark_stream(self, stream: StreamLike | None) -> StreamMark | None:
@@ -748,8 +745,8 @@ class Backend(abc.ABC):
         Uses no object the caller can see; give it back with
         :meth:`StreamMark.release`.
         """
-        if self._unusable is not None:
-            self._raise_unusable()
+        if self._health.refusal is not None:
+            self._health.refuse()
         return self._mark_stream(self._stream(stream))
 
     def _mark_stream(self, stream: StreamHandle) -> StreamMark | None:
@@ -807,7 +804,7 @@ class Backend(abc.ABC):
         """
         if not objects:
             return
-        if self._unusable is not None:
+        if self._health.refusal is not None:
             self.destroy_all(objects)
             return
         streams = [self._stream(s) for s in (after if isinstance(after, Sequence) else [after])]
@@ -873,15 +870,13 @@ class Backend(abc.ABC):
         Objects still live are destroyed, named in a warning on the
         ``accy_async`` logger and in a :class:`ResourceWarning`. Idempotent.
         """
-        if self._closed:
+        if self._health.closed:
             await anyio.lowlevel.checkpoint()
             return
         try:
             await self._drain()
         finally:
-            self._closed = True
-            if self._unusable is None:
-                self._unusable = BackendClosed(f"the {self.kind} backend is closed")
+            self._health.close()
             with self._deferred_lock:
                 deferred, self._deferred = self._deferred, []
             while deferred:  # popped, so nothing here keeps them referenced after
@@ -929,24 +924,12 @@ class Backend(abc.ABC):
 
     def poison(self, fault: DeviceFault) -> None:
         """Record a sticky fault: every later call raises it, every waiter fails with it."""
-        if self._fault is None:
-            self._fault = fault
-            self._unusable = fault
+        if self._health.poison(fault):
             self._on_poisoned(fault)
 
     def _check_usable(self) -> None:
-        if self._unusable is not None:
-            self._raise_unusable()
-
-    def _raise_unusable(self) -> None:
-        error = self._unusable
-        assert error is not None
-        if isinstance(error, DeviceFault):
-            raise DeviceFault(
-                f"the {self.kind} backend is poisoned by an earlier device fault and runs "
-                f"nothing more (open a new backend): {error.message}"
-            ) from error
-        raise BackendClosed(error.message)
+        if self._health.refusal is not None:
+            self._health.refuse()
 
     def _stream(self, stream: StreamLike | None) -> StreamHandle:
         if stream is None:

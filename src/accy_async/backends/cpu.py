@@ -171,7 +171,7 @@ class _ReadJob:
         self._size = size
 
     def __call__(self) -> Callable[[], None]:
-        read, fault = self._read, self._backend._fault
+        read, fault = self._read, self._backend.fault
         if fault is not None:
             return lambda: read.finish(None, fault)
         data = memoryview(self._source[self._offset : self._offset + self._size].tobytes())
@@ -188,7 +188,7 @@ class _StreamMarkJob:
         self._completion = completion
 
     def __call__(self) -> Callable[[], None]:
-        completion, error = self._completion, self._backend._fault
+        completion, error = self._completion, self._backend.fault
         return lambda: completion(error)
 
 
@@ -374,7 +374,7 @@ class CpuBackend(Backend):
         def complete() -> Callable[[], None]:
             if timing and state.latest is record:
                 state.completed_at = time.perf_counter()
-            error = self._fault
+            error = self._health.fault
 
             def fire() -> None:
                 record(error)
@@ -391,7 +391,7 @@ class CpuBackend(Backend):
 
         def wait() -> None:
             with state.condition:
-                while not record.done and self._fault is None and not self._closed:
+                while not record.done and self._health.fault is None and not self._health.closed:
                     state.condition.wait(timeout=0.5)
 
         self._worker(stream).put(wait)
@@ -506,7 +506,7 @@ class CpuBackend(Backend):
         """Run ``operation`` unless the backend is poisoned; poison it if it raises."""
 
         def guarded() -> None:
-            if self._fault is not None:
+            if self._health.fault is not None:
                 return
             try:
                 operation()

@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..backends.cuda_driver import driver
+from ..backends.cuda.driver import driver
 from .rig import Rig, ok, run_on
 
 __all__ = ["Heartbeat", "run_latency"]

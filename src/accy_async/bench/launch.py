@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from ..backends.cuda_driver import driver
+from ..backends.cuda.driver import driver
 from .rig import BATCH, KERNELS, Rig
 
 __all__ = ["launch_accy", "launch_anchors"]

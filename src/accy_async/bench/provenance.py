@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..backends.cuda_driver import driver
+from ..backends.cuda.driver import driver
 from .rig import Rig, ok
 
 __all__ = ["describe_run", "git_revision"]
@@ -85,7 +85,7 @@ def _versions() -> dict[str, str]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    from ..backends.nvrtc import nvrtc_version
+    from ..backends.cuda.nvrtc import nvrtc_version
 
     versions["nvrtc"] = ".".join(map(str, nvrtc_version()))
     return versions

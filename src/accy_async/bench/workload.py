@@ -43,7 +43,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from ..backends.cuda_driver import driver
+from ..backends.cuda.driver import driver
 from ..plan import U32, U64, ArtifactFormat, ArtifactSpec, TextPayload
 from .latency import Heartbeat
 from .provenance import describe_run, git_revision

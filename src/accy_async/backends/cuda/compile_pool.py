@@ -3,7 +3,7 @@
 NVRTC serialises the compilations of one process: on the H200, 32 kernels
 took longer from 16 threads than one after another, and 2x less time from
 16 processes. :class:`CompilePool` keeps up to ``workers`` worker processes
-(``python -m accy_async.backends.nvrtc_worker``, started on demand, NVRTC
+(``python -m accy_async.backends.cuda.nvrtc_worker``, started on demand, NVRTC
 loaded before their first request) and hands each compilation to an idle one
 over a pipe. Plain subprocesses rather than :mod:`multiprocessing`: nothing
 re-imports the caller's ``__main__``, nothing is forked from a process that
@@ -29,7 +29,7 @@ from typing import Any, Final
 import anyio.to_thread
 import msgspec
 
-from ..errors import AccyError, CompilationError, RuntimeUnavailable
+from ...errors import AccyError, CompilationError, RuntimeUnavailable
 from .nvrtc import CompiledImage, cached_image, remember_image
 
 __all__ = [
@@ -141,7 +141,12 @@ class _Worker:
         )
         self.limits = limits
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "accy_async.backends.nvrtc_worker", str(limits.memory_bytes)],
+            [
+                sys.executable,
+                "-m",
+                "accy_async.backends.cuda.nvrtc_worker",
+                str(limits.memory_bytes),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=environment,
@@ -221,7 +226,7 @@ class CompilePool:
         options: Sequence[str],
         compute_capability: tuple[int, int],
     ) -> CompiledImage:
-        """Compile like :func:`~accy_async.backends.nvrtc.compile_source`, in a worker.
+        """Compile like :func:`~accy_async.backends.cuda.nvrtc.compile_source`, in a worker.
 
         Awaiting never blocks the event loop; a cancelled caller leaves the
         worker to finish and go back to the pool. Raises

@@ -1,6 +1,6 @@
-"""An NVRTC worker process of :class:`~accy_async.backends.compile_pool.CompilePool`.
+"""An NVRTC worker process of :class:`~accy_async.backends.cuda.compile_pool.CompilePool`.
 
-Run as ``python -m accy_async.backends.nvrtc_worker [MEMORY_BYTES]``: limits
+Run as ``python -m accy_async.backends.cuda.nvrtc_worker [MEMORY_BYTES]``: limits
 its address space to ``MEMORY_BYTES`` (if given), loads NVRTC, then answers
 length-prefixed MessagePack requests ``[source, name, options,
 compute_capability, cpu_seconds]`` on stdin with a reply on stdout, until
@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import AccyError, CompilationError
+from ...errors import AccyError, CompilationError
 from .compile_pool import read_frame, write_frame
 from .nvrtc import compile_source, warm_up
 

@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from ..errors import AccyError, DeviceFault
-from ._completion import Completion
-from .cuda_driver import driver, libc, translate
+from ...errors import AccyError, DeviceFault
+from .._completion import Completion
+from .driver import driver, libc, translate
 
 __all__ = ["CompletionReactor"]
 
@@ -85,6 +85,12 @@ class CompletionReactor:
                 self._work.notify_all()
         if fault is not None:
             completion(fault)
+
+    @property
+    def watched(self) -> int:
+        """How many watches wait for the reactor's thread to see them complete."""
+        with self.lock:
+            return sum(len(queue) for queue in self._pending.values())
 
     def fail_all(self, error: AccyError) -> None:
         """Fail every pending watch (and every later one) with ``error``."""

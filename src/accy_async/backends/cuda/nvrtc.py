@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..errors import CompilationError, RuntimeUnavailable
+from ...errors import CompilationError, RuntimeUnavailable
 
 __all__ = [
     "CompiledImage",

@@ -14,7 +14,7 @@ import ctypes.util
 from functools import cache
 from typing import Any, Final
 
-from ..errors import (
+from ...errors import (
     AccyError,
     DeviceFault,
     InvalidArtifact,

@@ -1,0 +1,635 @@
+"""The CUDA backend: an NVIDIA GPU through cuda-python's driver API and NVRTC.
+
+* **Device and context**: device ``device`` (0 by default) and its primary
+  context, made current on the thread that opens the backend (use the backend
+  from that thread: the event loop's) and on the backend's own threads.
+* **Buffers**: ``cuMemAlloc`` (256-byte aligned or better); copies through
+  pinned staging memory (``cuMemHostAlloc``, pooled) so that host-to-device
+  and device-to-host copies are truly asynchronous in stream order; 32-bit
+  fills with ``cuMemsetD32Async``. Frees that may synchronize the device
+  (``cuMemFree``, ``cuModuleUnload``, ``cuMemFreeHost``) run on a janitor
+  thread, never on the event loop's.
+* **Artifacts**: CUDA C++ compiled by NVRTC to a cubin for the device (PTX as
+  the fallback), or PTX or cubin payloads; compiling and loading run in worker
+  threads. Each loaded kernel keeps one packed argument array (a ``void*``
+  array over an 8-byte slot per argument) that every launch refills in place.
+* **Streams and events**: non-blocking streams; events without timing (the
+  backend's own completion markers pooled); device-side waits with
+  ``cuStreamWaitEvent``; non-blocking queries.
+* **Completion**: a :class:`~accy_async.backends.cuda.reactor.CompletionReactor`.
+* **Faults**: every ``CUresult`` is translated; sticky ones poison the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import threading
+import time
+import warnings
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final, NoReturn
+
+import anyio.to_thread
+import numpy as np
+
+from ...errors import (
+    DeviceFault,
+    InvalidArtifact,
+    InvalidBuffer,
+    RuntimeUnavailable,
+    UnsupportedOperation,
+)
+from ...plan import ArtifactFormat, ArtifactSpec, BinaryPayload, ScalarArgument, TextPayload
+from .._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
+from .._handles import (
+    DEFAULT_STREAM_ID,
+    BufferBinding,
+    BufferHandle,
+    DeviceObject,
+    EventHandle,
+    KernelArtifact,
+    LoadedArtifact,
+    StreamHandle,
+)
+from .._launcher import StageLauncher
+from .._marks import PendingRead, StreamMark
+from ..base import Backend, DeviceIdentity, Limits, WaitPolicy
+from ..forecast import Anticipation, byte_features
+from ._device import DeviceState
+from ._launch import CudaStageLauncher, Kernel
+from ._marks import CudaRead, CudaStreamMark
+from ._memory import Allocation
+from .compile_pool import CompilePool, shared_compile_pool
+from .driver import driver, initialised_driver, probe_cuda, translate
+from .nvrtc import compile_source, nvrtc_version
+
+__all__ = ["CudaBackend", "probe_cuda"]
+
+_PER_THREAD_STREAM: Final = 2
+"""CU_STREAM_PER_THREAD; 0 and 1 are the NULL and legacy streams: handles of no context."""
+
+
+class CudaBackend(Backend):
+    """An NVIDIA GPU through cuda-python; see the module docstring."""
+
+    kind = "cuda"
+
+    def __init__(
+        self,
+        *,
+        device: int = 0,
+        limits: Limits | None = None,
+        poll_interval: float = 50e-6,
+        anticipation: bool = True,
+        wait_policy: WaitPolicy = "balanced",
+    ) -> None:
+        super().__init__(limits=limits, wait_policy=wait_policy)
+        self.polled_from_loop = anticipation
+        self._compile_pool: CompilePool | None = None
+        d = initialised_driver()
+        self._device = self._value(d.cuDeviceGet(device), f"opening device {device}")
+        self._ordinal = device
+        raw = self._value(d.cuDeviceGetName(256, self._device), "reading the device name")
+        self._name = raw.split(b"\0", 1)[0].decode(errors="replace")
+        attribute = d.CUdevice_attribute
+        self._compute_capability = (
+            int(
+                self._value(
+                    d.cuDeviceGetAttribute(
+                        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._device
+                    ),
+                    "cc",
+                )
+            ),
+            int(
+                self._value(
+                    d.cuDeviceGetAttribute(
+                        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._device
+                    ),
+                    "cc",
+                )
+            ),
+        )
+        self._l2_bytes = int(
+            self._value(
+                d.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, self._device),
+                "reading the L2 cache size",
+            )
+        )
+        self._identity = self._read_identity()
+        total = int(self._value(d.cuDeviceTotalMem(self._device), "reading the memory size"))
+        if limits is None:
+            self.limits = Limits(max_buffer_bytes=total, max_total_bytes=total)
+        self._context = self._value(
+            d.cuDevicePrimaryCtxRetain(self._device), "retaining the primary context"
+        )
+        self._check(d.cuCtxSetCurrent(self._context), "making the context current")
+        self._default_native = self._value(
+            d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
+        )
+        self._default_stream = StreamHandle(
+            self.backend_id, DEFAULT_STREAM_ID, self._default_native
+        )
+        device_state = DeviceState(
+            self,
+            self._context,
+            check_usable=self._check_usable,
+            poison=self.poison,
+            poll_interval=poll_interval,
+            polled_from_loop=anticipation,
+        )
+        device_state.track(DEFAULT_STREAM_ID)
+        self._device_state = device_state
+        self._copy_costs = {
+            kind: device_state.forecast.model(kind, kind, byte_features)
+            for kind in ("copy to the device", "copy to the host", "copy on the device", "fill")
+        }
+
+    def _read_identity(self) -> DeviceIdentity:
+        d = driver()
+        get_uuid = getattr(d, "cuDeviceGetUuid_v2", None) or d.cuDeviceGetUuid
+        raw = bytes(self._value(get_uuid(self._device), "reading the device UUID").bytes)
+        hexed = raw.hex()
+        uuid = f"GPU-{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:32]}"
+        version = int(self._value(d.cuDriverGetVersion(), "reading the driver version"))
+        try:
+            major, minor = nvrtc_version()
+            compiler = f"nvrtc {major}.{minor}"
+        except RuntimeUnavailable:
+            compiler = "nvrtc unavailable"
+        return DeviceIdentity(
+            kind="cuda",
+            name=self._name,
+            uuid=uuid,
+            driver=f"cuda {version // 1000}.{version % 1000 // 10}",
+            compiler=compiler,
+        )
+
+    # ----- helpers -------------------------------------------------------------------------
+
+    def _check(self, result: Any, action: str) -> None:
+        code = result[0] if isinstance(result, tuple) else result
+        if int(code):
+            self._raise(code, action)
+
+    def _value(self, result: tuple[Any, ...], action: str) -> Any:
+        if int(result[0]):
+            self._raise(result[0], action)
+        return result[1]
+
+    def _raise(self, code: Any, action: str) -> NoReturn:
+        error = translate(code, action)
+        if isinstance(error, DeviceFault):
+            self.poison(error)
+        raise error
+
+    # ----- what the backend is -------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The device's name and compute capability."""
+        major, minor = self._compute_capability
+        return f"{self._name} (sm_{major}{minor})"
+
+    @property
+    def idle_markers(self) -> int:
+        """Marker events pooled for reuse (a diagnostic: a lost marker never comes back)."""
+        return self._device_state.pooled_markers
+
+    @property
+    def watched_completions(self) -> int:
+        """Completions the reactor's thread still watches (a diagnostic for leaks)."""
+        return self._device_state.reactor.watched
+
+    @property
+    def dlpack_device(self) -> tuple[int, int]:
+        """DLPack's ``(kDLCUDA, the device's ordinal)``."""
+        return (2, self._ordinal)
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        """The device's ``(major, minor)`` compute capability."""
+        return self._compute_capability
+
+    @property
+    def identity(self) -> DeviceIdentity:
+        """The GPU (name, UUID), the driver's CUDA version and NVRTC's."""
+        return self._identity
+
+    @property
+    def cache_flush_bytes(self) -> int:
+        """Twice the device's L2 cache."""
+        return 2 * self._l2_bytes
+
+    @property
+    def formats(self) -> frozenset[ArtifactFormat]:
+        """CUDA source, PTX and cubin."""
+        return frozenset(
+            {ArtifactFormat.CUDA_SOURCE, ArtifactFormat.CUDA_PTX, ArtifactFormat.CUDA_CUBIN}
+        )
+
+    @property
+    def preferred_formats(self) -> tuple[ArtifactFormat, ...]:
+        """Cubin first (no JIT), then source (compiled for this device), then PTX."""
+        return (ArtifactFormat.CUDA_CUBIN, ArtifactFormat.CUDA_SOURCE, ArtifactFormat.CUDA_PTX)
+
+    @property
+    def default_stream(self) -> StreamHandle:
+        """A non-blocking stream of the backend's own (not the legacy NULL stream)."""
+        return self._default_stream
+
+    # ----- buffers -------------------------------------------------------------------------
+
+    def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
+        d = driver()
+        pointer = int(self._value(d.cuMemAlloc(byte_size), f"allocating {byte_size} bytes"))
+        if pointer % alignment:
+            self._device_state.janitor.submit(
+                "freeing a misaligned buffer", lambda: d.cuMemFree(pointer)
+            )
+            padded = int(
+                self._value(d.cuMemAlloc(byte_size + alignment), f"allocating {byte_size} bytes")
+            )
+            return Allocation(padded, padded + (-padded) % alignment)
+        return Allocation(pointer, pointer)
+
+    def _buffer_address(self, native: Any) -> int:
+        address: int = native.address
+        return address
+
+    def _write(
+        self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
+    ) -> None:
+        size = data.nbytes
+        host, capacity = self._device_state.staging.take(size)
+        ctypes.memmove(host, np.frombuffer(data, dtype=np.uint8).ctypes.data, size)
+        d = driver()
+        self._check(
+            d.cuMemcpyHtoDAsync(buffer.address + offset, host, size, stream.native),
+            "copying to the device",
+        )
+        self._device_state.ledger(stream).enqueue(self._copy_costs["copy to the device"], size)
+        self._notify_when_stream_complete(
+            stream, lambda error: self._device_state.staging.give_back(host, capacity)
+        )
+
+    def _copy(
+        self,
+        source: BufferHandle,
+        source_offset: int,
+        destination: BufferHandle,
+        destination_offset: int,
+        size: int,
+        stream: StreamHandle,
+    ) -> None:
+        self._check(
+            driver().cuMemcpyDtoDAsync(
+                destination.address + destination_offset,
+                source.address + source_offset,
+                size,
+                stream.native,
+            ),
+            "copying on the device",
+        )
+        self._device_state.ledger(stream).enqueue(self._copy_costs["copy on the device"], size)
+
+    def _enqueue_read(
+        self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
+    ) -> PendingRead:
+        host, capacity = self._device_state.staging.take(size)
+        d = driver()
+        try:
+            if size:
+                self._check(
+                    d.cuMemcpyDtoHAsync(host, buffer.address + offset, size, stream.native),
+                    "copying to the host",
+                )
+        except BaseException:
+            self._device_state.staging.give_back(host, capacity)
+            raise
+        self._device_state.ledger(stream).enqueue(self._copy_costs["copy to the host"], size)
+        try:
+            mark = CudaStreamMark(self._device_state, stream)
+        except BaseException:
+            self._device_state.staging.give_back(
+                host, capacity
+            )  # the copy failed to enqueue or faulted
+            raise
+        return CudaRead(self._device_state, host, capacity, size, mark)
+
+    def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None:
+        if buffer.byte_size % 4:
+            raise UnsupportedOperation(
+                f"a 32-bit fill needs a size that is a multiple of 4, {buffer!r} has "
+                f"{buffer.byte_size} bytes"
+            )
+        d = driver()
+        self._check(
+            d.cuMemsetD32Async(
+                buffer.native.address, pattern, buffer.byte_size // 4, stream.native
+            ),
+            "filling a buffer",
+        )
+        self._device_state.ledger(stream).enqueue(self._copy_costs["fill"], buffer.byte_size)
+
+    # ----- artifacts -----------------------------------------------------------------------
+
+    async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact:
+        payload = spec.payload
+        if spec.format is ArtifactFormat.CUDA_SOURCE:
+            assert isinstance(payload, TextPayload)
+            arguments = (
+                payload.text,
+                spec.kernel_name,
+                spec.compile_options,
+                self._compute_capability,
+            )
+            if self._compile_pool is not None:
+                compiled = await self._compile_pool.compile(*arguments)
+            else:
+                # Cancelled, the caller leaves at once; the compile finishes unseen (cached).
+                compiled = await anyio.to_thread.run_sync(
+                    compile_source, *arguments, abandon_on_cancel=True
+                )
+            return KernelArtifact(spec, compiled.image, compiled.kind)
+        if spec.format is ArtifactFormat.CUDA_PTX:
+            assert isinstance(payload, TextPayload)
+            return KernelArtifact(spec, payload.text.encode() + b"\0", "ptx")
+        assert isinstance(payload, BinaryPayload)
+        return KernelArtifact(spec, payload.data, "cubin")
+
+    @contextlib.asynccontextmanager
+    async def parallel_compilation(self, workers: int) -> AsyncIterator[None]:
+        """Compile CUDA C in the shared pool of NVRTC processes within the block.
+
+        The pool (:func:`~accy_async.backends.cuda.nvrtc.shared_compile_pool`) keeps
+        its workers after the block, for the next one.
+        """
+        if self._compile_pool is not None:
+            yield
+            return
+        self._compile_pool = shared_compile_pool(workers)
+        try:
+            yield
+        finally:
+            self._compile_pool = None
+
+    async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
+        context = self._context
+        name = artifact.spec.kernel_name
+
+        lock = threading.Lock()
+        state: dict[str, Any] = {}
+
+        def load() -> tuple[Any, Any]:
+            d = driver()
+            d.cuCtxSetCurrent(context)
+            result, module = d.cuModuleLoadData(artifact.image)
+            if int(result):
+                raise translate(result, f"loading {name} ({artifact.image_format})")
+            result, function = d.cuModuleGetFunction(module, name.encode())
+            if int(result):
+                d.cuModuleUnload(module)
+                raise InvalidArtifact(f"the module has no kernel named {name!r}")
+            with lock:
+                if state.get("abandoned"):  # the caller was cancelled: nobody will unload it
+                    d.cuModuleUnload(module)
+                else:
+                    state["loaded"] = module
+            return module, function
+
+        try:
+            module, function = await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
+        except BaseException:
+            # Cancelled while the worker thread loads: the caller leaves at once, and whichever
+            # of the two finishes last unloads the module.
+            with lock:
+                state["abandoned"] = True
+                loaded = state.pop("loaded", None)
+            if loaded is not None:
+                driver().cuModuleUnload(loaded)
+            raise
+        image = artifact.image if isinstance(artifact.image, bytes) else bytes(artifact.image)
+        key = (name, hashlib.blake2b(image, digest_size=16).digest())
+        return Kernel(
+            module,
+            function,
+            artifact.spec.argument_count,
+            self._device_state.forecast.model(key, name),
+        )
+
+    # ----- streams and events --------------------------------------------------------------
+
+    def _create_stream(self, object_id: int) -> Any:
+        d = driver()
+        native = self._value(
+            d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
+        )
+        self._device_state.track(object_id)
+        return native
+
+    def _adopt_stream(self, object_id: int, raw: int) -> Any:
+        d = driver()
+        native = self._foreign(raw)
+        if raw > _PER_THREAD_STREAM:  # a created stream: it must be this backend's device's
+            result, context = d.cuStreamGetCtx(native)
+            if result != self._device_state.success:
+                raise InvalidBuffer(f"0x{raw:x} is not a live CUDA stream", path="$.stream")
+            if int(context) != int(self._context):
+                raise InvalidBuffer(
+                    f"stream 0x{raw:x} belongs to another CUDA context (another device?)",
+                    path="$.stream",
+                )
+        self._device_state.track(object_id)
+        return native
+
+    def _forget_stream(self, stream: StreamHandle) -> None:
+        self._device_state.ledgers.pop(stream.id, None)
+
+    def _create_event(self, object_id: int, timing: bool) -> Any:
+        d = driver()
+        flags = d.CUevent_flags.CU_EVENT_DEFAULT if timing else self._device_state.event_flags
+        return self._value(d.cuEventCreate(flags), "creating an event")
+
+    def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
+        d = driver()
+        elapsed_time = getattr(d, "cuEventElapsedTime_v2", None) or d.cuEventElapsedTime
+        milliseconds = self._value(elapsed_time(start.native, end.native), "timing events")
+        return float(milliseconds) / 1000.0
+
+    def _record(self, event: EventHandle, stream: StreamHandle) -> None:
+        self._device_state.record(event, stream)
+
+    def anticipate(self, event: EventHandle) -> Anticipation | None:
+        """When the work before the record should end: its stream's queued work, simulated.
+
+        See :mod:`accy_async.backends.forecast`; ``None`` while a kernel of
+        it was never seen complete, or with ``anticipation=False``.
+        """
+        record = self._device_state.records.get(event.id)
+        if record is None or not self.polled_from_loop:
+            return None
+        return record.ledger.anticipate(record.position)
+
+    def _follow_foreign(self, stream: StreamHandle, raw: int) -> None:
+        self._order(self._foreign(raw), stream.native)
+        self._device_state.ledger(
+            stream
+        ).lose_track()  # when the foreign work ends is not known here
+
+    def _lead_foreign(self, raw: int, stream: StreamHandle) -> None:
+        self._order(stream.native, self._foreign(raw))
+
+    @staticmethod
+    def _foreign(raw: int) -> Any:
+        """The ``CUstream`` of a raw handle (a negative one is refused)."""
+        if raw < 0:
+            raise InvalidBuffer(f"a raw stream handle is not negative, got {raw}", path="$.stream")
+        return driver().CUstream(raw)
+
+    def _order(self, first: Any, then: Any) -> None:
+        """``then`` waits for what is queued on ``first`` so far (a pooled marker between)."""
+        marker = self._device_state.take_marker()
+        d = driver()
+        try:
+            self._check(d.cuEventRecord(marker, first), "recording on a foreign stream")
+            self._check(d.cuStreamWaitEvent(then, marker, 0), "waiting across streams")
+        finally:
+            # A wait takes the record as it is when enqueued: the marker may be reused.
+            self._device_state.recycle_marker(marker)
+
+    def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
+        self._device_state.wait(stream, event)
+
+    # ----- launch --------------------------------------------------------------------------
+
+    def _launch(
+        self,
+        loaded: LoadedArtifact,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+        diagnostic_id: str | None,
+    ) -> None:
+        self._launcher_of(loaded)(
+            buffers, scalars, grid, block, shared_memory_bytes, stream, wait_events, signal_event
+        )
+
+    def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
+        """A launcher with the kernel's argument array, packer and driver call bound once."""
+        return self._launcher_of(loaded)
+
+    def _launcher_of(self, loaded: LoadedArtifact) -> CudaStageLauncher:
+        kernel: Kernel = loaded.native
+        if kernel.launcher is None:
+            kernel.launcher = CudaStageLauncher(self, loaded, self._device_state, self._health)
+        return kernel.launcher
+
+    # ----- completion ----------------------------------------------------------------------
+
+    def _query_event(self, event: EventHandle) -> bool:
+        (result,) = driver().cuEventQuery(event.native)
+        if result == self._device_state.success:
+            record = self._device_state.records.get(event.id)
+            if record is not None and not record.seen:
+                record.seen = True
+                record.ledger.sighted(record.position, record.pending_at, time.perf_counter())
+            return True
+        if result != self._device_state.not_ready:
+            self._raise(result, "querying an event")
+        record = self._device_state.records.get(event.id)
+        if record is not None:
+            record.pending_at = time.perf_counter()
+        return False
+
+    def _query_stream(self, stream: StreamHandle) -> bool:
+        (result,) = driver().cuStreamQuery(stream.native)
+        if result == self._device_state.success:
+            return True
+        if result != self._device_state.not_ready:
+            self._raise(result, "querying a stream")
+        return False
+
+    def _notify_when_complete(
+        self, event: EventHandle, callback: CompletionCallback
+    ) -> CompletionRegistration:
+        record = self._device_state.records.get(event.id)
+        if record is None:  # never recorded: complete
+            callback(None)
+            return ALREADY_FIRED
+        watched = record.watched
+        if watched is None:  # one reactor watch per record, however many wait for it
+            watched = record.watched = Completion()
+            watched.register(record.sighted)
+            self._device_state.reactor.watch(event.native, record.stream, watched)
+        return watched.register(callback)
+
+    def _mark_stream(self, stream: StreamHandle) -> StreamMark:
+        """A pooled marker recorded on ``stream``, watched like an event (anticipated too)."""
+        return CudaStreamMark(self._device_state, stream)
+
+    def _notify_when_stream_complete(
+        self, stream: StreamHandle, callback: CompletionCallback
+    ) -> CompletionRegistration:
+        mark = CudaStreamMark(self._device_state, stream)
+        registration = mark.notify_when_complete(callback)
+        mark.release()
+        return registration
+
+    # ----- destruction ---------------------------------------------------------------------
+
+    def _destroy(self, obj: DeviceObject) -> None:
+        d = driver()
+        if isinstance(obj, BufferHandle):
+            pointer = obj.native.base
+            self._device_state.janitor.submit(f"freeing {obj!r}", lambda: d.cuMemFree(pointer))
+        elif isinstance(obj, LoadedArtifact):
+            module = obj.native.module
+            self._device_state.janitor.submit(
+                f"unloading {obj!r}", lambda: d.cuModuleUnload(module)
+            )
+        elif isinstance(obj, EventHandle):
+            # Safe while the event is pending: the driver releases it once it completes.
+            self._device_state.records.pop(obj.id, None)
+            d.cuEventDestroy(obj.native)
+        elif isinstance(obj, StreamHandle):
+            self._device_state.ledgers.pop(obj.id, None)
+            d.cuStreamDestroy(obj.native)
+
+    async def _drain(self) -> None:
+        if self.fault is not None:
+            return
+        context = self._context
+
+        def synchronize() -> None:
+            d = driver()
+            d.cuCtxSetCurrent(context)
+            d.cuCtxSynchronize()
+
+        await anyio.to_thread.run_sync(synchronize)
+
+    def _close(self) -> None:
+        d = driver()
+        self._device_state.reactor.close()
+        self._device_state.janitor.close()
+        if self._device_state.janitor.failures:
+            warnings.warn(
+                f"accy-async: {len(self._device_state.janitor.failures)} CUDA releases failed: "
+                f"{self._device_state.janitor.failures[:4]}",
+                ResourceWarning,
+                stacklevel=3,
+            )
+        self._device_state.staging.release_all()
+        d.cuStreamDestroy(self._default_native)
+        self._device_state.destroy_markers()
+        d.cuDevicePrimaryCtxRelease(self._device)
+
+    def _on_poisoned(self, fault: DeviceFault) -> None:
+        self._device_state.reactor.fail_all(fault)

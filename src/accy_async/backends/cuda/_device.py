@@ -1,0 +1,187 @@
+"""What the CUDA backend's parts share: the context, the work ledgers, the markers, the reactor.
+
+:class:`DeviceState` is the one internal interface between the backend and its
+stream marks, pending reads and stage launchers: they hold it, never the
+backend's private attributes. It keeps each fact once: a stream's ledger of
+queued work (for the forecast), an event's latest record, the pool of marker
+events, and how a failed driver call is turned into an error (a sticky one
+poisons the backend through the ``poison`` callback).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ...errors import DeviceFault
+from .._completion import Completion
+from .._handles import EventHandle, StreamHandle
+from ..forecast import Forecast, Ledger
+from ._memory import Janitor, Staging
+from .driver import driver, translate
+from .reactor import CompletionReactor
+
+if TYPE_CHECKING:
+    from ..base import Backend
+
+__all__ = ["DeviceState", "Record"]
+
+_MARKER_POOL_SIZE = 1024
+
+
+class Record:
+    """An event's latest record: where it sits in its stream's ledger, and what was seen."""
+
+    __slots__ = ("ledger", "pending_at", "position", "seen", "stream", "watched")
+
+    def __init__(self, stream: Any, ledger: Ledger) -> None:
+        self.stream = stream
+        self.ledger = ledger
+        self.position = ledger.position
+        self.pending_at: float | None = None
+        self.seen = False
+        self.watched: Completion | None = None
+
+    def sighted(self, error: BaseException | None) -> None:
+        """On the reactor's thread: tell the ledger (a late sighting, at best a bracket)."""
+        if error is None and not self.seen:
+            self.ledger.sighted(self.position, self.pending_at, time.perf_counter())
+
+
+class DeviceState:
+    """The context's shared state; made by the backend, used by every part of it.
+
+    ``owner`` is the backend, read through its public face only (``closed``,
+    ``fault``); ``check_usable`` raises its fault or closure; ``poison`` makes
+    a fault sticky. All of it is used from the event loop's thread but the
+    marker pool and the staging pool, which the reactor's thread uses too.
+    """
+
+    __slots__ = (
+        "_markers",
+        "_markers_lock",
+        "check_usable",
+        "context",
+        "event_flags",
+        "forecast",
+        "janitor",
+        "launch_kernel",
+        "ledgers",
+        "not_ready",
+        "owner",
+        "poison",
+        "polled_from_loop",
+        "reactor",
+        "records",
+        "staging",
+        "success",
+    )
+
+    def __init__(
+        self,
+        owner: Backend,
+        context: Any,
+        *,
+        check_usable: Callable[[], None],
+        poison: Callable[[DeviceFault], None],
+        poll_interval: float,
+        polled_from_loop: bool,
+    ) -> None:
+        d = driver()
+        self.context = context
+        self.check_usable = check_usable
+        self.poison = poison
+        self.owner = owner
+        self.polled_from_loop = polled_from_loop
+        self.success = d.CUresult.CUDA_SUCCESS
+        self.not_ready = d.CUresult.CUDA_ERROR_NOT_READY
+        self.event_flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self.launch_kernel = d.cuLaunchKernel
+        self.forecast = Forecast()
+        self.ledgers: dict[int, Ledger] = {}
+        """Each stream's queued work, by the stream handle's id."""
+        self.records: dict[int, Record] = {}
+        """Each event's latest record, by the event handle's id."""
+        self.janitor = Janitor(context)
+        self.staging = Staging(self.janitor)
+        self.reactor = CompletionReactor(context, poison, poll_interval=poll_interval)
+        self._markers: list[Any] = []
+        self._markers_lock = threading.Lock()
+
+    # ----- driver results ------------------------------------------------------------------
+
+    def fail(self, code: Any, action: str) -> NoReturn:
+        """Raise the error of a failed driver call (a device fault poisons the backend first)."""
+        error = translate(code, action)
+        if isinstance(error, DeviceFault):
+            self.poison(error)
+        raise error
+
+    def check(self, result: Any, action: str) -> None:
+        """Raise if the driver call's ``CUresult`` (alone or first of a tuple) is an error."""
+        code = result[0] if isinstance(result, tuple) else result
+        if int(code):
+            self.fail(code, action)
+
+    def value(self, result: tuple[Any, ...], action: str) -> Any:
+        """The value of a driver call's ``(CUresult, value)``, or its error raised."""
+        if int(result[0]):
+            self.fail(result[0], action)
+        return result[1]
+
+    # ----- ledgers and records -------------------------------------------------------------
+
+    def track(self, stream_id: int) -> None:
+        """Start a ledger for a new stream."""
+        self.ledgers[stream_id] = Ledger(self.forecast)
+
+    def ledger(self, stream: StreamHandle) -> Ledger:
+        """The forecast's ledger of ``stream``'s work."""
+        return self.ledgers[stream.id]
+
+    def record(self, event: EventHandle, stream: StreamHandle) -> None:
+        """Record ``event`` on ``stream`` and remember where, for its forecast and watch."""
+        self.check(driver().cuEventRecord(event.native, stream.native), "recording an event")
+        self.records[event.id] = Record(stream.native, self.ledgers[stream.id])
+
+    def wait(self, stream: StreamHandle, event: EventHandle) -> None:
+        """Make ``stream`` wait on the device for ``event``'s latest record."""
+        self.check(
+            driver().cuStreamWaitEvent(stream.native, event.native, 0), "waiting for an event"
+        )
+        record = self.records.get(event.id)
+        if record is not None:
+            self.ledgers[stream.id].enqueue_wait(record.ledger, record.position)
+
+    # ----- markers -------------------------------------------------------------------------
+
+    def take_marker(self) -> Any:
+        """A pooled event (no timing) for the backend's own completion markers."""
+        with self._markers_lock:
+            if self._markers:
+                return self._markers.pop()
+        return self.value(driver().cuEventCreate(self.event_flags), "creating an event")
+
+    def recycle_marker(self, native: Any) -> None:
+        """Give a marker back once the device is past its record (from any thread)."""
+        with self._markers_lock:
+            if len(self._markers) < _MARKER_POOL_SIZE:
+                self._markers.append(native)
+                return
+        driver().cuEventDestroy(native)
+
+    @property
+    def pooled_markers(self) -> int:
+        """How many marker events wait in the pool for reuse."""
+        with self._markers_lock:
+            return len(self._markers)
+
+    def destroy_markers(self) -> None:
+        """Destroy the pooled markers (the backend is closing)."""
+        with self._markers_lock:
+            markers, self._markers = self._markers, []
+        d = driver()
+        for marker in markers:
+            d.cuEventDestroy(marker)

@@ -1,0 +1,188 @@
+"""Kernel launches on the CUDA backend: a loaded kernel's argument array, packed in place.
+
+Each loaded kernel keeps one packed argument array (a ``void*`` array over an
+8-byte slot per argument) that every launch refills; :class:`CudaStageLauncher`
+binds it, the packer and ``cuLaunchKernel`` once per loaded kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from ...plan import ScalarArgument
+from .._handles import BufferBinding, EventHandle, LoadedArtifact, StreamHandle
+from .._launcher import StageLauncher
+from ..forecast import CostModel
+
+if TYPE_CHECKING:
+    from .._health import Health
+    from ..base import Backend
+    from ._device import DeviceState
+
+__all__ = ["CudaStageLauncher", "Kernel"]
+
+_SCALAR_CODES: Final = {
+    "u32": "I4x",
+    "i32": "i4x",
+    "f32": "f4x",
+    "u64": "Q",
+    "i64": "q",
+    "f64": "d",
+}
+
+
+class Kernel:
+    """A loaded function with its reusable argument array."""
+
+    __slots__ = (
+        "argument_count",
+        "cost",
+        "formats",
+        "function",
+        "launcher",
+        "module",
+        "params",
+        "pointers",
+        "slots",
+    )
+
+    def __init__(self, module: Any, function: Any, argument_count: int, cost: CostModel) -> None:
+        self.cost = cost
+        """What the forecast learns of this kernel's length (shared by every load of its image)."""
+        self.module = module
+        self.function = function
+        self.argument_count = argument_count
+        count = max(argument_count, 1)
+        self.slots = ctypes.create_string_buffer(8 * count)
+        base = ctypes.addressof(self.slots)
+        self.pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+        self.params = ctypes.addressof(self.pointers)
+        self.formats: dict[tuple[str, ...], struct.Struct] = {}
+        self.launcher: CudaStageLauncher | None = None
+
+    def packer(self, buffer_count: int, scalar_types: tuple[str, ...]) -> struct.Struct:
+        packer = self.formats.get(scalar_types)
+        if packer is None:
+            codes = "".join(_SCALAR_CODES[t] for t in scalar_types)
+            packer = self.formats[scalar_types] = struct.Struct("<" + "Q" * buffer_count + codes)
+        return packer
+
+
+class CudaStageLauncher(StageLauncher):
+    """Packs arguments straight into the kernel's argument array and calls the driver.
+
+    It remembers the last ``scalars`` object it saw, so a stage launched again
+    with the same resolved scalars only packs buffer addresses; prepared
+    arguments are the packed bytes themselves, copied in with one assignment.
+    """
+
+    __slots__ = ("_default_stream", "_device", "_health", "_kernel", "_launch", "_name", "_state")
+
+    def __init__(
+        self, backend: Backend, loaded: LoadedArtifact, device: DeviceState, health: Health
+    ) -> None:
+        super().__init__(backend, loaded)
+        self._device = device
+        self._health = health
+        self._default_stream = backend.default_stream
+        self._kernel: Kernel = loaded.native
+        self._launch = device.launch_kernel
+        self._name = loaded.artifact.spec.kernel_name
+        self._state: list[Any] = [None, (), None]  # last scalars, their values, their packer
+
+    def _pack_for(self, buffer_count: int, scalars: Sequence[ScalarArgument]) -> struct.Struct:
+        state = self._state
+        if scalars is not state[0]:
+            state[0] = scalars
+            state[1] = tuple([argument.value for argument in scalars])
+            state[2] = self._kernel.packer(
+                buffer_count, tuple([argument.type_name for argument in scalars])
+            )
+        packer: struct.Struct = state[2]
+        return packer
+
+    def __call__(
+        self,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle | None,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+    ) -> None:
+        """Enqueue one launch of the bound kernel."""
+        kernel = self._kernel
+        state = self._state
+        self._pack_for(len(buffers), scalars).pack_into(
+            kernel.slots, 0, *[binding.address for binding in buffers], *state[1]
+        )
+        self.launch_prepared(
+            (kernel.params, None, None, state[1]),
+            grid,
+            block,
+            shared_memory_bytes,
+            stream,
+            wait_events,
+            signal_event,
+        )
+
+    def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
+        """Argument storage of its own, and the scalar values (the forecast sizes launches by them).
+
+        A tuple: the ``void*`` array's address, the packed slots, the array, the values.
+        """
+        count = max(len(buffers) + len(scalars), 1)
+        packer = self._kernel.packer(
+            len(buffers), tuple([argument.type_name for argument in scalars])
+        )
+        values = tuple([argument.value for argument in scalars])
+        slots = ctypes.create_string_buffer(
+            packer.pack(*[binding.address for binding in buffers], *values), 8 * count
+        )
+        base = ctypes.addressof(slots)
+        pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+        return (ctypes.addressof(pointers), slots, pointers, values)
+
+    def launch_prepared(
+        self,
+        prepared: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_memory_bytes: int,
+        stream: StreamHandle | None,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+    ) -> None:
+        """Launch with the prepared argument array: nothing is packed or copied."""
+        if self._health.refusal is not None:
+            self._health.refuse()
+        if stream is None:
+            stream = self._default_stream
+        device = self._device
+        if wait_events:
+            for event in wait_events:
+                device.wait(stream, event)
+        kernel = self._kernel
+        (result,) = self._launch(
+            kernel.function,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared_memory_bytes,
+            stream.native,
+            prepared[0],
+            0,
+        )
+        if result:
+            device.fail(result, f"launching {self._name}")
+        device.ledgers[stream.id].enqueue(kernel.cost, (grid, block, prepared[3]))
+        if signal_event is not None:
+            device.record(signal_event, stream)
