@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from accy_async.backends.cuda_driver import driver, libc
+from accy_async.backends.cuda.driver import driver, libc
 from accy_async.bench.rig import Rig
 from accy_async.bench.rig import ok as _ok
 
@@ -240,7 +240,7 @@ def launch_to_start(rig: Rig, trials: int = 200) -> dict[str, Any]:
         __threadfence_system();
     }
     """
-    from accy_async.backends.nvrtc import compile_source
+    from accy_async.backends.cuda.nvrtc import compile_source
 
     image = compile_source(source, "start", (), rig.cc)
     module = _ok(d.cuModuleLoadData(image.image), "load")

@@ -20,7 +20,7 @@ import anyio
 import anyio.to_process
 import anyio.to_thread
 
-from accy_async.backends.nvrtc import compile_source
+from accy_async.backends.cuda.nvrtc import compile_source
 from accy_async.library import cuda_source
 
 SOURCE = cuda_source("reduce")

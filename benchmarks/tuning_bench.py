@@ -69,8 +69,8 @@ async def warm_compilers(backend: accy.Backend) -> dict[str, float]:
 
     Returns how long each took; these one-off costs are reported, not hidden.
     """
-    from accy_async.backends.compile_pool import shared_compile_pool
-    from accy_async.backends.nvrtc import compile_source
+    from accy_async.backends.cuda.compile_pool import shared_compile_pool
+    from accy_async.backends.cuda.nvrtc import compile_source
 
     source = 'extern "C" __global__ void warm(float* x) { x[0] = 1.0f; }'
     capability = getattr(backend, "compute_capability", (9, 0))

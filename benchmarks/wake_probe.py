@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from accy_async.backends.cuda_driver import driver, libc
+from accy_async.backends.cuda.driver import driver, libc
 from accy_async.bench import Rig
 
 
