@@ -101,7 +101,7 @@ async def measure(backend: accy.Backend, nodes: int, streams: int, repeat: int) 
     async def plain() -> None:
         if streams <= 1:
             for _ in range(nodes):
-                backend.launch(loaded, buffers, scalars, grid, block)
+                backend.launch(loaded, buffers, scalars, accy.LaunchConfig(grid, block))
             return
         events = [backend.create_event() for _ in range(nodes - 1)]
         previous = None
@@ -111,8 +111,7 @@ async def measure(backend: accy.Backend, nodes: int, streams: int, repeat: int) 
                 loaded,
                 buffers,
                 scalars,
-                grid,
-                block,
+                accy.LaunchConfig(grid, block),
                 stream=stream,
                 wait_events=() if previous is None else (previous,),
             )

@@ -227,9 +227,7 @@ async def check_sgemm(backend: accy.Backend, problem: p.KernelTuningProblem, ind
         loaded,
         [each.bind() for each in buffers],
         list(small.scalars),
-        grid,
-        block,
-        shared_memory_bytes=shared,
+        accy.LaunchConfig(grid, block, shared),
     )
     got = await accy.download(backend, buffers[0], np.float32, size * size)
     backend.destroy_all([*buffers, loaded])

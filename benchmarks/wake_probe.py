@@ -241,8 +241,7 @@ def ten_thousand() -> dict[str, Any]:
                 slow,
                 [buffer.bind()],
                 [accy.U32(1), accy.F32(1), accy.U64(2_000_000_000)],
-                (1, 1, 1),
-                (1, 1, 1),
+                accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
                 stream=stream,
             )
         for index, event in enumerate(events):

@@ -141,8 +141,7 @@ async def test_streams_events_and_device_side_waits(backend: Backend) -> None:
         kernel,
         [source.bind("write_only")],
         [accy.U32(N), accy.F32(7.0)],
-        grid,
-        block,
+        accy.LaunchConfig(grid, block),
         stream=a_stream,
         signal_event=produced,
     )
@@ -150,8 +149,7 @@ async def test_streams_events_and_device_side_waits(backend: Backend) -> None:
         copy,
         [target.bind("write_only"), source.bind("read_only")],
         [accy.U32(N)],
-        grid,
-        block,
+        accy.LaunchConfig(grid, block),
         stream=b_stream,
         wait_events=[produced],
     )
@@ -175,20 +173,27 @@ async def test_launch_arguments_are_checked_before_anything_is_enqueued(
     grid, block = grid_for(N)
     launched_before = getattr(backend, "launch_count", 0)
     with pytest.raises(accy.LaunchArgumentMismatch, match="takes 2 buffers and 1 scalars"):
-        backend.launch(kernel, [out.bind()], [accy.U32(N)], grid, block)
+        backend.launch(kernel, [out.bind()], [accy.U32(N)], accy.LaunchConfig(grid, block))
     with pytest.raises(accy.LaunchArgumentMismatch):
-        backend.launch(kernel, [out.bind(), src.bind()], [], grid, block)
+        backend.launch(kernel, [out.bind(), src.bind()], [], accy.LaunchConfig(grid, block))
     backend.destroy(src)
     with pytest.raises(accy.InvalidBuffer, match="not a live buffer"):
-        backend.launch(kernel, [out.bind(), src.bind()], [accy.U32(N)], grid, block)
+        backend.launch(
+            kernel, [out.bind(), src.bind()], [accy.U32(N)], accy.LaunchConfig(grid, block)
+        )
     with pytest.raises(accy.InvalidBuffer, match="outside its buffer"):
         backend.launch(
-            kernel, [out.bind(offset=8, byte_size=4 * N), out.bind()], [accy.U32(N)], grid, block
+            kernel,
+            [out.bind(offset=8, byte_size=4 * N), out.bind()],
+            [accy.U32(N)],
+            accy.LaunchConfig(grid, block),
         )
     assert getattr(backend, "launch_count", 0) == launched_before
     backend.destroy(kernel)
     with pytest.raises(accy.InvalidArtifact):
-        backend.launch(kernel, [out.bind(), out.bind()], [accy.U32(N)], grid, block)
+        backend.launch(
+            kernel, [out.bind(), out.bind()], [accy.U32(N)], accy.LaunchConfig(grid, block)
+        )
     backend.destroy(out)
 
 
@@ -267,7 +272,12 @@ async def test_scalars_reach_the_kernel_with_their_types(kind: str) -> None:
     async with accy.open_backend(kind) as backend:  # type: ignore[arg-type]
         kernel = await load(backend, "iota_f32")
         out = backend.allocate_buffer(16)
-        backend.launch(kernel, [out.bind()], [accy.U32(4), accy.F32(0.5)], (1, 1, 1), (4, 1, 1))
+        backend.launch(
+            kernel,
+            [out.bind()],
+            [accy.U32(4), accy.F32(0.5)],
+            accy.LaunchConfig((1, 1, 1), (4, 1, 1)),
+        )
         got = await accy.wait_read(backend.enqueue_read(out))
         assert struct.unpack("4f", got) == (0.5, 1.5, 2.5, 3.5)
         backend.destroy(kernel)

@@ -93,7 +93,7 @@ async def test_parallel_compilation_on_the_gpu_loads_kernels_that_run() -> None:
         )
         loaded = await backend.load_artifact(await backend.create_artifact(spec))
         out = backend.allocate_buffer(4)
-        backend.launch(loaded, [out.bind()], [], (1, 1, 1), (1, 1, 1))
+        backend.launch(loaded, [out.bind()], [], accy.LaunchConfig((1, 1, 1), (1, 1, 1)))
         got = await accy.download(backend, out, "float32", 1)
         assert got[0] == 1.0
         bad = msgspec.structs.replace(spec, payload=accy.plan.TextPayload(BAD))

@@ -30,8 +30,7 @@ async def test_a_consumer_stream_waits_for_a_slow_producer_every_time(
             slow,
             [source.bind("write_only")],
             [accy.U32(N), accy.F32(value), accy.U64(2_000_000)],
-            grid,
-            block,
+            accy.LaunchConfig(grid, block),
             stream=stream_a,
             signal_event=produced,
         )
@@ -39,8 +38,7 @@ async def test_a_consumer_stream_waits_for_a_slow_producer_every_time(
             copy,
             [target.bind("write_only"), source.bind("read_only")],
             [accy.U32(N)],
-            grid,
-            block,
+            accy.LaunchConfig(grid, block),
             stream=stream_b,
             wait_events=[produced],
         )
@@ -66,16 +64,14 @@ async def test_without_the_wait_the_consumer_races_ahead(cpu_backend: accy.CpuBa
         slow,
         [source.bind("write_only")],
         [accy.U32(N), accy.F32(5.0), accy.U64(200_000_000)],
-        grid,
-        block,
+        accy.LaunchConfig(grid, block),
         stream=stream_a,
     )
     backend.launch(
         copy,
         [target.bind("write_only"), source.bind("read_only")],
         [accy.U32(N)],
-        grid,
-        block,
+        accy.LaunchConfig(grid, block),
         stream=stream_b,
     )
     got = np.frombuffer(
@@ -92,7 +88,10 @@ async def test_read_only_bindings_cannot_be_written(cpu_backend: accy.CpuBackend
     kernel = await load(backend, "iota_f32")
     out = backend.allocate_buffer(64)
     backend.launch(
-        kernel, [out.bind("read_only")], [accy.U32(16), accy.F32(0.0)], (1, 1, 1), (16, 1, 1)
+        kernel,
+        [out.bind("read_only")],
+        [accy.U32(16), accy.F32(0.0)],
+        accy.LaunchConfig((1, 1, 1), (16, 1, 1)),
     )
     with pytest.raises(accy.DeviceFault, match="read-only"):
         await accy.wait_stream(backend)
@@ -114,12 +113,11 @@ async def test_a_kernel_error_poisons_the_backend_and_fails_every_waiter(
         slow,
         [buffer.bind()],
         [accy.U32(1), accy.F32(1.0), accy.U64(50_000_000)],
-        (1, 1, 1),
-        (1, 1, 1),
+        accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
         stream=other,
     )
     backend.record_event(never, other)
-    backend.launch(bad, [buffer.bind()], [], (1, 1, 1), (1, 1, 1))
+    backend.launch(bad, [buffer.bind()], [], accy.LaunchConfig((1, 1, 1), (1, 1, 1)))
     errors: list[BaseException] = []
 
     async def waiter(wait: object) -> None:
@@ -139,7 +137,7 @@ async def test_a_kernel_error_poisons_the_backend_and_fails_every_waiter(
     with pytest.raises(accy.DeviceFault, match=r"poisoned by an earlier device fault.*IndexError"):
         backend.allocate_buffer(16)
     with pytest.raises(accy.DeviceFault, match="poisoned"):
-        backend.launch(bad, [buffer.bind()], [], (1, 1, 1), (1, 1, 1))
+        backend.launch(bad, [buffer.bind()], [], accy.LaunchConfig((1, 1, 1), (1, 1, 1)))
     for obj in (bad, slow, other, buffer, never):
         backend.destroy(obj)
 
@@ -163,8 +161,7 @@ async def test_launch_does_not_block_the_calling_thread(cpu_backend: accy.CpuBac
         slow,
         [buffer.bind()],
         [accy.U32(1), accy.F32(1.0), accy.U64(300_000_000)],
-        (1, 1, 1),
-        (1, 1, 1),
+        accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
     )
     assert not backend.query_stream()  # enqueued, still running: the call returned at once
     await accy.wait_stream(backend)

@@ -73,7 +73,7 @@ async def test_ptx_and_cubin_payloads_load_and_run(cuda: accy.Backend) -> None:
         )
         out = cuda.allocate_buffer(4 * n)
         grid, block = grid_for(n)
-        cuda.launch(loaded, [out.bind()], [p.U32(n), p.F32(2.0)], grid, block)
+        cuda.launch(loaded, [out.bind()], [p.U32(n), p.F32(2.0)], accy.LaunchConfig(grid, block))
         got = await accy.download(cuda, out, np.float32, n)
         np.testing.assert_array_equal(got, 2.0 + np.arange(n, dtype=np.float32))
         cuda.destroy_all([loaded, out])
@@ -120,8 +120,7 @@ async def test_ten_thousand_concurrent_waits_keep_the_loop_free(cuda: accy.Backe
             slow,
             [buffer.bind()],
             [p.U32(1), p.F32(1), p.U64(2_000_000_000)],
-            (1, 1, 1),
-            (1, 1, 1),
+            accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
             stream=stream,
         )
     for index, event in enumerate(events):
@@ -177,8 +176,7 @@ async def test_anticipated_waits_learn_the_duration_and_leave_nothing_behind(
             slow,
             [buffer.bind()],
             [p.U32(1), p.F32(1), p.U64(nanoseconds)],
-            (1, 1, 1),
-            (1, 1, 1),
+            accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
             stream=stream,
         )
 
@@ -242,8 +240,7 @@ async def test_the_forecast_learns_a_length_set_by_a_scalar(cuda: accy.Backend) 
             slow,
             [buffer.bind()],
             [p.U32(1), p.F32(1), p.U64(nanoseconds)],
-            (1, 1, 1),
-            (1, 1, 1),
+            accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
             stream=stream,
         )
         cuda.record_event(event, stream)
@@ -322,8 +319,7 @@ async def test_reads_are_anticipated_and_a_cancelled_one_keeps_its_staging_until
             slow,
             [source.bind()],
             [p.U32(n), p.F32(value), p.U64(nanoseconds)],
-            grid,
-            block,
+            accy.LaunchConfig(grid, block),
             stream=stream,
         )
 
@@ -360,13 +356,14 @@ FAULT_SCRIPT = textwrap.dedent("""
                 spec(backend, "slow_fill_f32")))
             buffer = backend.allocate_buffer(64)
             other = backend.create_stream()
+            one = accy.LaunchConfig((1, 1, 1), (1, 1, 1))
             backend.launch(slow, [buffer.bind()], [accy.U32(1), accy.F32(1),
-                           accy.U64(200_000_000)], (1, 1, 1), (1, 1, 1), stream=other)
+                           accy.U64(200_000_000)], one, stream=other)
             events = [backend.create_event() for _ in range(50)]
             for event in events:
                 backend.record_event(event, other)
             read = backend.enqueue_read(buffer, stream=other)
-            backend.launch(bad, [buffer.bind()], [], (1, 1, 1), (1, 1, 1))
+            backend.launch(bad, [buffer.bind()], [], accy.LaunchConfig((1, 1, 1), (1, 1, 1)))
             failures = 0
             async def waiter(wait):
                 nonlocal failures
@@ -388,7 +385,7 @@ FAULT_SCRIPT = textwrap.dedent("""
                 backend.create_stream,
                 backend.create_event,
                 lambda: backend.launch(slow, [buffer.bind()], [accy.U32(1), accy.F32(1),
-                                       accy.U64(0)], (1, 1, 1), (1, 1, 1)),
+                                       accy.U64(0)], accy.LaunchConfig((1, 1, 1), (1, 1, 1))),
                 lambda: backend.record_event(events[0]),
             ]
             for attempt in attempts:

@@ -19,7 +19,7 @@ import pytest
 from accy_async import _loops
 from accy_async._loops import _base, _clock, _trio
 from accy_async.backends import Completion
-from accy_async.backends.base import ALREADY_FIRED
+from accy_async.backends._completion import ALREADY_FIRED
 from accy_async.waiting import CompletionLatch
 
 from .conftest import EVERY_LOOP

@@ -59,7 +59,10 @@ async def test_each_kind_fails_with_the_error_the_seed_names(
         if kind in ("load", "create", "launch"):
             kernel = await load(backend, "iota_f32")
             backend.launch(
-                kernel, [buffer.bind()], [accy.U32(1), accy.F32(0)], (1, 1, 1), (1, 1, 1)
+                kernel,
+                [buffer.bind()],
+                [accy.U32(1), accy.F32(0)],
+                accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
             )
         elif kind == "stream":
             backend.create_stream()

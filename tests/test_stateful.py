@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 
 import accy_async as accy
 from accy_async import plan as p
-from accy_async.backends.base import DEFAULT_STREAM_ID
+from accy_async.backends._handles import DEFAULT_STREAM_ID
 from accy_async.backends.recording import FaultKind
 from accy_async.errors import AccyError
 from accy_async.kernels import load_kernels
@@ -123,7 +123,7 @@ class BackendModel(RuleBasedStateMachine):
     ) -> None:
         self._expect_fault(
             lambda: self.backend.launch(
-                kernel, [buffer.bind()], [], (1, 1, 1), (1, 1, 1), stream=stream
+                kernel, [buffer.bind()], [], accy.LaunchConfig((1, 1, 1), (1, 1, 1)), stream=stream
             )
         )
 

@@ -429,8 +429,7 @@ async def test_timing_events_measure_on_the_worker(cpu_backend: accy.CpuBackend)
         loaded,
         [out.bind()],
         [p.scalar("u32", 4), p.scalar("f32", 1.0), p.scalar("u64", 20_000_000)],
-        (1, 1, 1),
-        (4, 1, 1),
+        accy.LaunchConfig((1, 1, 1), (4, 1, 1)),
     )
     cpu_backend.record_event(end)
     cpu_backend.record_event(plain)
@@ -549,8 +548,7 @@ async def test_cuda_timing_events_give_device_time(cuda_backend: accy.Backend) -
         loaded,
         [out.bind()],
         [p.scalar("u32", 4), p.scalar("f32", 1.0), p.scalar("u64", 2_000_000)],
-        (1, 1, 1),
-        (4, 1, 1),
+        accy.LaunchConfig((1, 1, 1), (4, 1, 1)),
     )
     cuda_backend.record_event(end)
     await accy.wait_event(cuda_backend, end)

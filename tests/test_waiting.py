@@ -60,7 +60,9 @@ async def _ten_thousand_waits(backend: accy.CpuBackend) -> float:
     events = [backend.create_event() for _ in range(WAITERS)]
     GATE.clear()
     for stream in streams:
-        backend.launch(gate, [buffer.bind()], [], (1, 1, 1), (1, 1, 1), stream=stream)
+        backend.launch(
+            gate, [buffer.bind()], [], accy.LaunchConfig((1, 1, 1), (1, 1, 1)), stream=stream
+        )
     for index, event in enumerate(events):
         backend.record_event(event, streams[index % 4])
     completed = 0
@@ -162,15 +164,24 @@ async def test_synchronize_has_the_seeds_three_scopes(cpu_backend: accy.CpuBacke
     stream, event = backend.create_stream(), backend.create_event()
     args: list[accy.ScalarArgument] = [accy.U32(1), accy.F32(1), accy.U64(20_000_000)]
     backend.launch(
-        slow, [buffer.bind()], args, (1, 1, 1), (1, 1, 1), stream=stream, signal_event=event
+        slow,
+        [buffer.bind()],
+        args,
+        accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
+        stream=stream,
+        signal_event=event,
     )
     await accy.synchronize(backend, event=event)
     assert backend.query_event(event)
-    backend.launch(slow, [buffer.bind()], args, (1, 1, 1), (1, 1, 1), stream=stream)
+    backend.launch(
+        slow, [buffer.bind()], args, accy.LaunchConfig((1, 1, 1), (1, 1, 1)), stream=stream
+    )
     await accy.synchronize(backend, stream=stream)
     assert backend.query_stream(stream)
-    backend.launch(slow, [buffer.bind()], args, (1, 1, 1), (1, 1, 1))
-    backend.launch(slow, [buffer.bind()], args, (1, 1, 1), (1, 1, 1), stream=stream)
+    backend.launch(slow, [buffer.bind()], args, accy.LaunchConfig((1, 1, 1), (1, 1, 1)))
+    backend.launch(
+        slow, [buffer.bind()], args, accy.LaunchConfig((1, 1, 1), (1, 1, 1)), stream=stream
+    )
     await accy.synchronize(backend)
     assert backend.query_stream() and backend.query_stream(stream)
     backend.destroy_all([slow, buffer, stream, event])
@@ -358,8 +369,7 @@ async def test_cancelling_a_wait_on_the_cpu_returns_at_once_and_defers_the_relea
         slow,
         [buffer.bind()],
         [accy.U32(1), accy.F32(1), accy.U64(500_000_000)],
-        (1, 1, 1),
-        (1, 1, 1),
+        accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
         stream=stream,
         signal_event=event,
     )

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import dlpack
-from .backends.base import Backend, BufferHandle, StreamHandle
+from .backends import Backend, BufferHandle, StreamHandle
 from .errors import InvalidBuffer, UnsupportedOperation
 
 __all__ = ["ArrayView"]

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .backends.base import Backend, BufferHandle, StreamLike, WaitPolicy
+from .backends import Backend, BufferHandle, StreamLike, WaitPolicy
 from .plan import DType
 from .waiting import wait_read
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from ._loops import admit, checkpoint
 from .arrays import ArrayView
-from .backends.base import (
+from .backends import (
     Backend,
     BufferBinding,
     BufferHandle,

@@ -25,8 +25,7 @@ import numpy as np
 
 from . import library
 from ._version import __version__
-from .backends import auto_backend_choice, open_backend
-from .backends.base import Limits
+from .backends import Limits, auto_backend_choice, open_backend
 from .backends.cpu import host_memory_available
 from .backends.cpu_kernels import lookup_cpu_kernel
 from .buffers import download, upload

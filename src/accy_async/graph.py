@@ -34,14 +34,7 @@ import msgspec
 
 from ._cache import IdentityCache
 from ._loops import admit, checkpoint
-from .backends.base import (
-    Backend,
-    BufferBinding,
-    DeviceObject,
-    EventHandle,
-    StreamHandle,
-    StreamLike,
-)
+from .backends import Backend, BufferBinding, DeviceObject, EventHandle, StreamHandle, StreamLike
 from .errors import InvalidArtifact, InvalidBuffer, LaunchArgumentMismatch
 from .kernels import (
     ElementCountBufferBinding,

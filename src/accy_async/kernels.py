@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
 from ._loops import checkpoint
-from .backends.base import (
+from .backends import (
     Access,
     Backend,
     BufferBinding,
     EventHandle,
+    LaunchConfig,
     LoadedArtifact,
     StageLauncher,
     StreamHandle,
@@ -121,9 +122,8 @@ class PreparedLaunch:
     loaded: LoadedArtifact
     buffers: tuple[BufferBinding, ...]
     scalars: tuple[ScalarArgument, ...]
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_memory_bytes: int
+    config: LaunchConfig
+    """Its grid, block and shared memory."""
     fills: tuple[tuple[BufferBinding, int, int], ...]
     """``(binding, pattern, slot byte size)`` to fill before each launch."""
     diagnostic_id: str | None
@@ -243,9 +243,7 @@ class LoadedKernels:
             self.loaded[kernel_index],
             buffers,
             scalars,
-            geometry.grid,
-            geometry.block,
-            shared_memory_bytes=geometry.shared_memory_bytes,
+            LaunchConfig(geometry.grid, geometry.block, geometry.shared_memory_bytes),
             stream=options.stream,
             wait_events=options.wait_events,
             signal_event=options.signal_event,
@@ -318,18 +316,16 @@ class LoadedKernels:
             )
         launch_rule = planned.kernel_call_launch
         if isinstance(launch_rule, DerivedLaunch):
-            grid, block, shared = launch_rule.resolve(runtime)
+            config = LaunchConfig(*launch_rule.resolve(runtime))
         else:
             geometry = planned.candidate_geometry(tuning)
-            grid, block, shared = geometry.grid, geometry.block, geometry.shared_memory_bytes
+            config = LaunchConfig(geometry.grid, geometry.block, geometry.shared_memory_bytes)
         launcher = self._launchers[kernel_index]
         return PreparedLaunch(
             loaded=self.loaded[kernel_index],
             buffers=tuple(buffers),
             scalars=tuple(scalars),
-            grid=grid,
-            block=block,
-            shared_memory_bytes=shared,
+            config=config,
             fills=tuple(fills),
             diagnostic_id=planned.artifact.diagnostic_id,
             launcher=launcher,
@@ -362,9 +358,7 @@ class LoadedKernels:
         if trusted and prepared.arguments is not None:
             prepared.launcher.launch_prepared(
                 prepared.arguments,
-                prepared.grid,
-                prepared.block,
-                prepared.shared_memory_bytes,
+                prepared.config,
                 stream,
                 wait_events,
                 signal_event,
@@ -374,9 +368,7 @@ class LoadedKernels:
             prepared.loaded,
             prepared.buffers,
             prepared.scalars,
-            prepared.grid,
-            prepared.block,
-            shared_memory_bytes=prepared.shared_memory_bytes,
+            prepared.config,
             stream=stream,
             wait_events=wait_events,
             signal_event=signal_event,

@@ -35,11 +35,12 @@ from typing import Any, Final, overload
 
 from ._cache import IdentityCache
 from ._loops import admit, checkpoint
-from .backends.base import (
+from .backends import (
     Backend,
     BufferBinding,
     BufferHandle,
     KernelArtifact,
+    LaunchConfig,
     LoadedArtifact,
     StageLauncher,
     StreamHandle,
@@ -318,7 +319,8 @@ class Resolution:
     arguments: tuple[ScalarArgument, ...]
     """The runtime scalars, typed."""
     stage_scalars: tuple[tuple[ScalarArgument, ...], ...]
-    geometry: tuple[tuple[tuple[int, int, int], tuple[int, int, int], int], ...]
+    configs: tuple[LaunchConfig, ...]
+    """Each stage's launch geometry."""
     intermediate_sizes: tuple[int, ...]
     refs: tuple[tuple[tuple[int, int], ...], ...]
     """Per stage, each buffer as ``(source, index)`` (the pipeline's, kept here for launches)."""
@@ -333,7 +335,7 @@ class _Memo:
     """The request's stream, adopted (see :meth:`Backend.adopt_stream`)."""
     sequences: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]]
     bindings: tuple[BufferBinding, ...]
-    stages: tuple[tuple[StageLauncher, Any, tuple[int, int, int], tuple[int, int, int], int], ...]
+    stages: tuple[tuple[StageLauncher, Any, LaunchConfig], ...]
     """Each stage's launcher and packed arguments."""
     immutable: bool
     """Whether the request's sequences are tuples (or intermediates): they cannot change."""
@@ -410,15 +412,15 @@ def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float
         for index, spec in enumerate(pipeline.intermediates)
     )
     stage_scalars = []
-    geometry = []
+    configs = []
     for stage_index, (stage, entry) in enumerate(
         zip(pipeline.stages, program.entries, strict=True)
     ):
         scalars = tuple(_derive(derivation, arguments, stage_index) for derivation in stage.scalars)
         stage_scalars.append(scalars)
-        geometry.append(entry.launch.resolve(scalars))
+        configs.append(LaunchConfig(*entry.launch.resolve(scalars)))
     resolved = Resolution(
-        tuple(arguments), tuple(stage_scalars), tuple(geometry), sizes, program.refs
+        tuple(arguments), tuple(stage_scalars), tuple(configs), sizes, program.refs
     )
     program.resolved[key] = resolved
     if len(program.resolved) > _RESOLVED_CAPACITY:
@@ -634,7 +636,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             buffers = _launch_stage(launcher, resolved, stage_index, sources, stream)
             if seen_before:
                 prepared = launcher.prepare(buffers, resolved.stage_scalars[stage_index])
-                stages.append((launcher, prepared, *resolved.geometry[stage_index]))
+                stages.append((launcher, prepared, resolved.configs[stage_index]))
         # A request seen for the first time is only remembered (packing costs more than a
         # launch, and most requests come once); launched again, it is packed to relaunch.
         if not seen_before:
@@ -745,8 +747,8 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool
     if isinstance(intermediates, PipelineIntermediates):
         intermediates.streams_used.add(stream)
     pool.streams_used.add(stream)
-    for launcher, prepared, grid, block, shared in memo.stages:
-        launcher.launch_prepared(prepared, grid, block, shared, stream)
+    for launcher, prepared, config in memo.stages:
+        launcher.launch_prepared(prepared, config, stream)
     return True
 
 
@@ -762,8 +764,7 @@ def _launch_stage(
     Every buffer, the stream and the stage's counts were checked before the first launch.
     """
     buffers = [sources[source][index] for source, index in resolved.refs[stage_index]]
-    grid, block, shared = resolved.geometry[stage_index]
-    launcher(buffers, resolved.stage_scalars[stage_index], grid, block, shared, stream)
+    launcher(buffers, resolved.stage_scalars[stage_index], resolved.configs[stage_index], stream)
     return buffers
 
 

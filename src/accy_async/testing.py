@@ -30,7 +30,7 @@ import anyio
 import anyio.lowlevel
 
 from . import _loops
-from .backends.base import Backend
+from .backends import Backend
 from .backends.recording import FAULT_KINDS, FaultKind, RecordingBackend, fault_error
 from .waiting import synchronize
 

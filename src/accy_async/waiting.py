@@ -41,8 +41,7 @@ from typing import Any, Final, TypeAlias
 import anyio
 
 from . import _loops
-from .backends._completion import Completion
-from .backends.base import (
+from .backends import (
     Anticipation,
     Backend,
     CompletionCallback,
@@ -53,8 +52,9 @@ from .backends.base import (
     StreamLike,
     StreamMark,
     WaitPolicy,
-    check_wait_policy,
 )
+from .backends._completion import Completion
+from .backends._device_info import check_wait_policy
 from .errors import AccyError
 
 CLEANUP_WAIT_SECONDS: float = 30.0

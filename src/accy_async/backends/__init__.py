@@ -14,30 +14,26 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeAlias
 
 from ..errors import RuntimeUnavailable
-from .base import (
+from ._completion import Completion, CompletionCallback, CompletionRegistration
+from ._device_info import DeviceIdentity, Limits, WaitPolicy
+from ._handles import (
     DEFAULT_ALIGNMENT,
     Access,
-    Anticipation,
-    Backend,
     BufferBinding,
     BufferHandle,
-    Completion,
-    CompletionCallback,
-    CompletionRegistration,
-    DeviceIdentity,
     DeviceObject,
     EventHandle,
     KernelArtifact,
-    Limits,
     LoadedArtifact,
     Ownership,
-    PendingRead,
     StreamHandle,
     StreamLike,
-    StreamMark,
     SupportsCudaStream,
-    WaitPolicy,
 )
+from ._launch_config import LaunchConfig
+from ._launcher import StageLauncher
+from ._marks import PendingRead, StreamMark
+from .base import Backend
 from .cpu import CpuBackend
 from .cpu_kernels import (
     CpuKernelFunction,
@@ -47,6 +43,7 @@ from .cpu_kernels import (
     registered_cpu_kernels,
     unregister_cpu_kernel,
 )
+from .forecast import Anticipation
 from .recording import FaultKind, RecordedLaunch, RecordingBackend
 
 __all__ = [
@@ -68,12 +65,14 @@ __all__ = [
     "EventHandle",
     "FaultKind",
     "KernelArtifact",
+    "LaunchConfig",
     "Limits",
     "LoadedArtifact",
     "Ownership",
     "PendingRead",
     "RecordedLaunch",
     "RecordingBackend",
+    "StageLauncher",
     "StreamHandle",
     "StreamLike",
     "StreamMark",

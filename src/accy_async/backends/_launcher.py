@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..plan import ScalarArgument
 from ._handles import BufferBinding, EventHandle, LoadedArtifact, StreamHandle
+from ._launch_config import LaunchConfig
 
 if TYPE_CHECKING:
     from .base import Backend
@@ -34,9 +35,7 @@ class StageLauncher:
         self,
         buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
+        config: LaunchConfig,
         stream: StreamHandle | None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
@@ -46,9 +45,7 @@ class StageLauncher:
             self.loaded,
             buffers,
             scalars,
-            grid,
-            block,
-            shared_memory_bytes,
+            config,
             stream,
             wait_events,
             signal_event,
@@ -62,21 +59,10 @@ class StageLauncher:
     def launch_prepared(
         self,
         prepared: Any,
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
+        config: LaunchConfig,
         stream: StreamHandle | None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
     ) -> None:
         """Enqueue one launch with arguments from :meth:`prepare`."""
-        self(
-            prepared[0],
-            prepared[1],
-            grid,
-            block,
-            shared_memory_bytes,
-            stream,
-            wait_events,
-            signal_event,
-        )
+        self(prepared[0], prepared[1], config, stream, wait_events, signal_event)

@@ -1,7 +1,12 @@
 """The backend contract: the :class:`Backend` base class and what every backend shares.
 
-The handles it gives out live in :mod:`._handles`, what a waiter watches in
-:mod:`._marks`, the bound launch in :mod:`._launcher`; all are re-exported here.
+:class:`Backend` is what callers use: every public method checks its
+arguments and the backend's :class:`~._health.Health`, keeps the books in a
+:class:`~._registry.Registry`, then calls one of the primitives a backend
+implements (:class:`~._primitives.BackendPrimitives`). The handles it gives
+out live in :mod:`._handles`, what a waiter watches in :mod:`._marks`, the
+bound launch in :mod:`._launcher`, what the device is in :mod:`._device_info`;
+:mod:`accy_async.backends` exports them all.
 
 A backend owns device objects (buffers, loaded artifacts, streams, events) and
 offers *non-blocking* primitives over them: allocate, enqueue a copy, fill,
@@ -22,24 +27,12 @@ import abc
 import contextlib
 import itertools
 import logging
-import threading
 import warnings
-from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    ClassVar,
-    Final,
-    Literal,
-    TypeAlias,
-    get_args,
-)
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.lowlevel
-import msgspec
 
 from ..errors import (
     DeviceFault,
@@ -50,11 +43,10 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, DType, ScalarArgument
-from ._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
+from ._completion import CompletionCallback, CompletionRegistration
+from ._device_info import DeviceIdentity, Limits, WaitPolicy, check_wait_policy
 from ._handles import (
     DEFAULT_ALIGNMENT,
-    DEFAULT_STREAM_ID,
-    Access,
     BufferBinding,
     BufferHandle,
     DeviceObject,
@@ -64,106 +56,29 @@ from ._handles import (
     Ownership,
     StreamHandle,
     StreamLike,
-    SupportsCudaStream,
     is_external,
     raw_handle_of,
     raw_stream_handle,
 )
 from ._health import Health
+from ._launch_config import LaunchConfig
 from ._launcher import StageLauncher
 from ._marks import PendingRead, StreamMark
+from ._primitives import BackendPrimitives
+from ._registry import Registry
 from .forecast import Anticipation
 
 if TYPE_CHECKING:  # the trust model sits above the backends; they only hold a policy
     from ..trust import TrustPolicy
 
+__all__ = ["Backend"]
+
 _logger: Final = logging.getLogger("accy_async")
-
-__all__ = [
-    "ALREADY_FIRED",
-    "DEFAULT_ALIGNMENT",
-    "DEFAULT_STREAM_ID",
-    "WAIT_POLICIES",
-    "Access",
-    "Anticipation",
-    "Backend",
-    "BufferBinding",
-    "BufferHandle",
-    "Completion",
-    "CompletionCallback",
-    "CompletionRegistration",
-    "DeviceIdentity",
-    "DeviceObject",
-    "EventHandle",
-    "KernelArtifact",
-    "Limits",
-    "LoadedArtifact",
-    "Ownership",
-    "PendingRead",
-    "StageLauncher",
-    "StreamHandle",
-    "StreamLike",
-    "StreamMark",
-    "SupportsCudaStream",
-    "WaitPolicy",
-    "check_wait_policy",
-    "raw_stream_handle",
-]
-
-WaitPolicy: TypeAlias = Literal["latency", "balanced", "frugal"]
-"""How a wait trades CPU for latency (see :mod:`accy_async.waiting`).
-
-``latency`` watches from the loop the whole time (it may use a core while it
-waits); ``balanced`` (the default) sleeps until shortly before the work is
-due and watches from then; ``frugal`` spends at most about a tenth of a core.
-"""
-
-WAIT_POLICIES: Final[tuple[WaitPolicy, ...]] = get_args(WaitPolicy)
-
-_ORPHANS_TOKEN: Final = -1
-"""In the ready queue of deferred releases: objects given up from another thread wait."""
-
-
-def check_wait_policy(policy: str) -> None:
-    """Raise :class:`UnsupportedOperation` unless ``policy`` is one of :data:`WAIT_POLICIES`."""
-    if policy not in WAIT_POLICIES:
-        raise UnsupportedOperation(
-            f"unknown wait policy {policy!r}; expected one of {', '.join(WAIT_POLICIES)}"
-        )
-
 
 _backend_ids = itertools.count(1)
 
 
-class DeviceIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What a measurement on a device depends on; tuning results are keyed by it.
-
-    ``uuid`` tells two devices of one model apart; ``driver`` and ``compiler``
-    are the versions that decide the code that runs (driver and NVRTC on CUDA,
-    NumPy and Python on the CPU).
-    """
-
-    kind: str
-    name: str
-    uuid: str
-    driver: str
-    compiler: str
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Bounds checked before anything is allocated.
-
-    ``max_buffer_bytes`` caps one allocation (an intermediate of 2**60 bytes is
-    refused with :class:`LimitExceeded` without asking the device);
-    ``max_total_bytes`` caps what one backend holds at once.
-    """
-
-    max_buffer_bytes: int = 2**40
-    max_total_bytes: int = 2**42
-
-
-class Backend(abc.ABC):
+class Backend(BackendPrimitives):
     """A device and the objects created on it; the base of every backend.
 
     Subclasses implement the ``_``-prefixed primitives; this class keeps the
@@ -173,9 +88,6 @@ class Backend(abc.ABC):
     the thread that runs the event loop; only completion callbacks arrive on
     other threads.
     """
-
-    kind: ClassVar[str]
-    """``"cuda"``, ``"cpu"`` or ``"recording"``."""
 
     polled_from_loop: bool = False
     """Whether waits watch this backend's completions from the event loop itself.
@@ -199,18 +111,10 @@ class Backend(abc.ABC):
         Set it before accepting plans from others: :meth:`create_artifact`
         then refuses any CUDA payload the policy does not list
         (:class:`~accy_async.errors.UntrustedKernel`). See :mod:`accy_async.trust`."""
-        self._ids = itertools.count(1)
-        self._live: dict[int, DeviceObject] = {}
-        self._live_bytes = 0
+        self._registry = Registry(self.backend_id)
+        self._live = self._registry.live
+        """The registry's live objects by id (the launch checks read it directly)."""
         self._health = Health(self.kind)
-        self._deferred: list[tuple[int, list[DeviceObject]]] = []
-        self._deferred_ready: deque[int] = deque()
-        self._deferred_tokens = itertools.count()
-        self._deferred_lock = threading.Lock()
-        self._orphans: deque[tuple[list[DeviceObject], StreamHandle | None]] = deque()
-        """Objects given up from any thread (:meth:`release_from_any_thread`)."""
-        self._adopted: dict[int, StreamHandle] = {}
-        """Other libraries' streams in use, by raw handle (see :meth:`adopt_stream`)."""
 
     # ----- what a backend is ---------------------------------------------------------------
 
@@ -278,23 +182,16 @@ class Backend(abc.ABC):
 
         With ``owned_only``, external buffers (memory the backend does not own) are left out.
         """
-        return {
-            object_id: obj.kind
-            for object_id, obj in self._live.items()
-            if not (owned_only and is_external(obj))
-        }
+        return {obj.id: obj.kind for obj in self._registry.objects(owned_only=owned_only)}
 
     def live_handles(self, *, owned_only: bool = False) -> list[DeviceObject]:
         """The handles of :meth:`live_objects` (the default stream left out), to destroy them."""
-        return [
-            obj
-            for obj in self._live.values()
-            if obj is not self.default_stream and not (owned_only and is_external(obj))
-        ]
+        default = self.default_stream
+        return [obj for obj in self._registry.objects(owned_only=owned_only) if obj is not default]
 
     def owns(self, obj: DeviceObject) -> bool:
         """Whether ``obj`` is a live object of this backend."""
-        return obj.backend_id == self.backend_id and self._live.get(obj.id) is obj
+        return self._registry.owns(obj)
 
     def check_bindings(self, bindings: Sequence[BufferBinding], path: str = "$") -> None:
         """Raise :class:`InvalidBuffer` unless each binding is a live buffer of this backend.
@@ -344,13 +241,13 @@ class Backend(abc.ABC):
                 f"buffer of {byte_size} bytes exceeds the limit of "
                 f"{self.limits.max_buffer_bytes} bytes per buffer"
             )
-        if self._live_bytes + byte_size > self.limits.max_total_bytes:
+        held = self._registry.live_bytes
+        if held + byte_size > self.limits.max_total_bytes:
             raise LimitExceeded(
                 f"buffer of {byte_size} bytes would bring this backend to "
-                f"{self._live_bytes + byte_size} bytes, over its limit of "
-                f"{self.limits.max_total_bytes}"
+                f"{held + byte_size} bytes, over its limit of {self.limits.max_total_bytes}"
             )
-        object_id = next(self._ids)
+        object_id = self._registry.new_id()
         native = self._allocate(object_id, byte_size, alignment)
         handle = BufferHandle(
             self.backend_id,
@@ -360,8 +257,7 @@ class Backend(abc.ABC):
             dtype=dtype,
             address=self._buffer_address(native),
         )
-        self._live[object_id] = handle
-        self._live_bytes += byte_size
+        self._registry.add(handle)
         return handle
 
     def write_buffer(
@@ -466,10 +362,10 @@ class Backend(abc.ABC):
         """
         await anyio.lowlevel.checkpoint()
         self._check_usable()
-        object_id = next(self._ids)
+        object_id = self._registry.new_id()
         native = await self._load_artifact(object_id, artifact)
         loaded = LoadedArtifact(self.backend_id, object_id, native, artifact)
-        self._live[object_id] = loaded
+        self._registry.add(loaded)
         return loaded
 
     @contextlib.asynccontextmanager
@@ -488,9 +384,9 @@ class Backend(abc.ABC):
     def create_stream(self) -> StreamHandle:
         """A new stream, independent of the default one."""
         self._check_usable()
-        object_id = next(self._ids)
+        object_id = self._registry.new_id()
         stream = StreamHandle(self.backend_id, object_id, self._create_stream(object_id))
-        self._live[object_id] = stream
+        self._registry.add(stream)
         return stream
 
     def adopt_stream(self, stream: StreamLike) -> StreamHandle:
@@ -511,19 +407,20 @@ class Backend(abc.ABC):
             return self._stream(stream)
         self._check_usable()
         raw = raw_stream_handle(stream)
-        adopted = self._adopted.get(raw)
-        if adopted is not None:
-            return adopted
+        adopted = self._registry.adopted
+        known = adopted.get(raw)
+        if known is not None:
+            return known
         for ours in self.live_streams():  # one of ours, by its raw handle: not an alias
             if not ours.external and raw_handle_of(ours) == raw:
-                self._adopted[raw] = ours
+                adopted[raw] = ours
                 return ours
-        object_id = next(self._ids)
+        object_id = self._registry.new_id()
         handle = StreamHandle(
             self.backend_id, object_id, self._adopt_stream(object_id, raw), external=True
         )
-        self._live[object_id] = handle
-        self._adopted[raw] = handle
+        self._registry.add(handle)
+        adopted[raw] = handle
         return handle
 
     def create_event(self, *, timing: bool = False) -> EventHandle:
@@ -533,10 +430,10 @@ class Backend(abc.ABC):
         events can be given to :meth:`elapsed_seconds`.
         """
         self._check_usable()
-        object_id = next(self._ids)
+        object_id = self._registry.new_id()
         native = self._create_event(object_id, timing)
         event = EventHandle(self.backend_id, object_id, native, timing=timing)
-        self._live[object_id] = event
+        self._registry.add(event)
         return event
 
     def elapsed_seconds(self, start: EventHandle, end: EventHandle) -> float:
@@ -594,16 +491,14 @@ class Backend(abc.ABC):
         loaded: LoadedArtifact,
         buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
+        config: LaunchConfig,
         *,
-        shared_memory_bytes: int = 0,
         stream: StreamLike | None = None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
         diagnostic_id: str | None = None,
     ) -> None:
-        """Enqueue one launch of ``loaded`` on ``stream``.
+        """Enqueue one launch of ``loaded`` on ``stream``, at ``config``'s geometry.
 
         The launch first waits (on the device) for each of ``wait_events``;
         ``signal_event``, if given, is recorded after it. Buffers come first in
@@ -612,7 +507,7 @@ class Backend(abc.ABC):
         """
         if self._health.refusal is not None:
             self._health.refuse()
-        if self._deferred_ready:
+        if self._registry.ready:
             self.collect_deferred()
         if self._live.get(loaded.id) is not loaded:
             raise InvalidArtifact(f"{loaded!r} is not a live artifact of this backend")
@@ -635,9 +530,7 @@ class Backend(abc.ABC):
             loaded,
             buffers,
             scalars,
-            grid,
-            block,
-            shared_memory_bytes,
+            config,
             self._stream(stream),
             wait_events,
             signal_event,
@@ -649,9 +542,7 @@ class Backend(abc.ABC):
         loaded: LoadedArtifact,
         buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
+        config: LaunchConfig,
         stream: StreamHandle | None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
@@ -670,9 +561,7 @@ class Backend(abc.ABC):
             loaded,
             buffers,
             scalars,
-            grid,
-            block,
-            shared_memory_bytes,
+            config,
             self.default_stream if stream is None else stream,
             wait_events,
             signal_event,
@@ -749,11 +638,6 @@ class Backend(abc.ABC):
             self._health.refuse()
         return self._mark_stream(self._stream(stream))
 
-    def _mark_stream(self, stream: StreamHandle) -> StreamMark | None:
-        """A mark of ``stream``'s work so far, for backends that offer one (default: none)."""
-        del stream
-        return None
-
     # ----- destruction ---------------------------------------------------------------------
 
     def destroy(self, obj: DeviceObject) -> None:
@@ -763,19 +647,16 @@ class Backend(abc.ABC):
         has completed, or use :meth:`defer_destroy`. External buffers are only
         forgotten. Destroying is allowed after a fault and after close.
         """
-        if obj.backend_id != self.backend_id or self._live.get(obj.id) is not obj:
-            raise InvalidBuffer(f"{obj!r} is not a live object of this backend (destroyed twice?)")
-        del self._live[obj.id]
-        if isinstance(obj, BufferHandle):
-            self._live_bytes -= obj.byte_size
-            if obj.ownership is Ownership.EXTERNAL:
-                return
+        if obj is self.default_stream:
+            raise InvalidBuffer("the default stream cannot be destroyed")
+        self._registry.remove(obj)
+        if isinstance(obj, BufferHandle) and obj.ownership is Ownership.EXTERNAL:
+            return
         if isinstance(obj, StreamHandle):
-            if obj is self.default_stream:
-                raise InvalidBuffer("the default stream cannot be destroyed")
             raw = raw_handle_of(obj)
-            if raw is not None and self._adopted.get(raw) is obj:
-                del self._adopted[raw]
+            adopted = self._registry.adopted
+            if raw is not None and adopted.get(raw) is obj:
+                del adopted[raw]
             if obj.external:
                 self._forget_stream(obj)
                 return
@@ -808,21 +689,7 @@ class Backend(abc.ABC):
             self.destroy_all(objects)
             return
         streams = [self._stream(s) for s in (after if isinstance(after, Sequence) else [after])]
-        token = next(self._deferred_tokens)
-        with self._deferred_lock:
-            self._deferred.append((token, list(objects)))
-        ready = self._deferred_ready
-        remaining = [len(streams)]
-        lock = self._deferred_lock
-
-        def on_complete(error: BaseException | None) -> None:
-            del error
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
-            ready.append(token)
-
+        on_complete = self._registry.defer(objects, len(streams))
         for stream in streams:
             self._notify_when_stream_complete(stream, on_complete)
         self.collect_deferred()  # streams that were idle already
@@ -837,32 +704,28 @@ class Backend(abc.ABC):
         an allocation, :meth:`aclose`), which defers them after ``after``
         (the default stream if ``after`` is gone by then).
         """
-        self._orphans.append((list(objects), after))
-        self._deferred_ready.append(_ORPHANS_TOKEN)
+        self._registry.orphan(objects, after)
 
     def collect_deferred(self) -> None:
         """Destroy the deferred objects whose work has completed."""
-        if not self._deferred_ready:
+        registry = self._registry
+        if not registry.ready:
             return
-        ready_ids = set()
-        while self._deferred_ready:
-            ready_ids.add(self._deferred_ready.popleft())
-        if _ORPHANS_TOKEN in ready_ids:
-            while self._orphans:
-                orphans, stream = self._orphans.popleft()
-                live = [obj for obj in orphans if self.owns(obj)]
+        orphans_wait, tokens = registry.take_ready()
+        if orphans_wait:
+            orphaned = registry.take_orphans()
+            while orphaned:
+                objects, stream = orphaned.pop()
+                live = [obj for obj in objects if self.owns(obj)]
                 self.defer_destroy(live, after=stream if stream and self.owns(stream) else None)
-        with self._deferred_lock:
-            done = [entry for entry in self._deferred if entry[0] in ready_ids]
-            self._deferred = [entry for entry in self._deferred if entry[0] not in ready_ids]
-        while done:
-            self.destroy_all(done.pop()[1])
+        done = registry.take_released(tokens)
+        while done:  # popped, so nothing here keeps them referenced after
+            self.destroy_all(done.pop())
 
     @property
     def deferred_count(self) -> int:
         """How many objects wait in deferred releases."""
-        with self._deferred_lock:
-            return sum(len(objects) for _, objects in self._deferred)
+        return self._registry.deferred_count
 
     async def aclose(self) -> None:
         """Wait for queued work, release deferred objects, and close the device.
@@ -877,13 +740,13 @@ class Backend(abc.ABC):
             await self._drain()
         finally:
             self._health.close()
-            with self._deferred_lock:
-                deferred, self._deferred = self._deferred, []
+            deferred = self._registry.take_released()
             while deferred:  # popped, so nothing here keeps them referenced after
-                self.destroy_all(deferred.pop()[1])  # may drop an owned view's last reference
-            while self._orphans:
-                orphans, _ = self._orphans.popleft()
-                self.destroy_all([obj for obj in orphans if self.owns(obj)])
+                self.destroy_all(deferred.pop())  # may drop an owned view's last reference
+            orphaned = self._registry.take_orphans()
+            while orphaned:
+                objects, _ = orphaned.pop()
+                self.destroy_all([obj for obj in objects if self.owns(obj)])
             leaked = self.live_handles()
             if leaked:
                 owned = [obj for obj in leaked if not is_external(obj)]
@@ -909,17 +772,15 @@ class Backend(abc.ABC):
     def register_external_buffer(self, native: Any, byte_size: int) -> BufferHandle:
         """Track memory this backend does not own as a buffer; destroying it only forgets it."""
         self._check_usable()
-        object_id = next(self._ids)
         handle = BufferHandle(
             self.backend_id,
-            object_id,
+            self._registry.new_id(),
             native,
             byte_size,
             ownership=Ownership.EXTERNAL,
             address=self._buffer_address(native) if native is not None else 0,
         )
-        self._live[object_id] = handle
-        self._live_bytes += byte_size
+        self._registry.add(handle)
         return handle
 
     def poison(self, fault: DeviceFault) -> None:
@@ -954,126 +815,3 @@ class Backend(abc.ABC):
                 f"range [{offset}:{offset + size}] is outside {buffer!r} "
                 f"of {buffer.byte_size} bytes"
             )
-
-    # ----- what subclasses implement -------------------------------------------------------
-
-    @abc.abstractmethod
-    def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any: ...
-
-    @abc.abstractmethod
-    def _write(
-        self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
-    ) -> None: ...
-
-    @abc.abstractmethod
-    def _enqueue_read(
-        self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
-    ) -> PendingRead: ...
-
-    @abc.abstractmethod
-    def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None: ...
-
-    @abc.abstractmethod
-    def _copy(
-        self,
-        source: BufferHandle,
-        source_offset: int,
-        destination: BufferHandle,
-        destination_offset: int,
-        size: int,
-        stream: StreamHandle,
-    ) -> None: ...
-
-    @abc.abstractmethod
-    async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact: ...
-
-    @abc.abstractmethod
-    async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any: ...
-
-    @abc.abstractmethod
-    def _create_stream(self, object_id: int) -> Any: ...
-
-    def _adopt_stream(self, object_id: int, raw: int) -> Any:
-        """The native form of another library's raw stream ``raw`` (default: none taken)."""
-        del object_id, raw
-        raise UnsupportedOperation(
-            f"the {self.kind} backend runs its own streams; it cannot use another library's"
-        )
-
-    def _forget_stream(self, stream: StreamHandle) -> None:
-        """Drop what the backend kept about an adopted stream (default: nothing)."""
-        del stream
-
-    def _follow_foreign(self, stream: StreamHandle, raw: int) -> None:
-        """``stream`` waits for the work queued so far on the raw stream ``raw`` (default: none)."""
-        del stream, raw
-        raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
-
-    def _lead_foreign(self, raw: int, stream: StreamHandle) -> None:
-        """The raw stream ``raw`` waits for the work queued so far on ``stream`` (default: none)."""
-        del raw, stream
-        raise UnsupportedOperation(f"the {self.kind} backend has no foreign streams")
-
-    @abc.abstractmethod
-    def _create_event(self, object_id: int, timing: bool) -> Any: ...
-
-    @abc.abstractmethod
-    def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
-        """Seconds between two completed timing events' latest records."""
-
-    @abc.abstractmethod
-    def _record(self, event: EventHandle, stream: StreamHandle) -> None: ...
-
-    @abc.abstractmethod
-    def _wait(self, stream: StreamHandle, event: EventHandle) -> None: ...
-
-    @abc.abstractmethod
-    def _launch(
-        self,
-        loaded: LoadedArtifact,
-        buffers: Sequence[BufferBinding],
-        scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
-        stream: StreamHandle,
-        wait_events: Sequence[EventHandle],
-        signal_event: EventHandle | None,
-        diagnostic_id: str | None,
-    ) -> None: ...
-
-    @abc.abstractmethod
-    def _query_event(self, event: EventHandle) -> bool: ...
-
-    @abc.abstractmethod
-    def _query_stream(self, stream: StreamHandle) -> bool: ...
-
-    @abc.abstractmethod
-    def _notify_when_complete(
-        self, event: EventHandle, callback: CompletionCallback
-    ) -> CompletionRegistration: ...
-
-    @abc.abstractmethod
-    def _notify_when_stream_complete(
-        self, stream: StreamHandle, callback: CompletionCallback
-    ) -> CompletionRegistration: ...
-
-    @abc.abstractmethod
-    def _destroy(self, obj: DeviceObject) -> None: ...
-
-    @abc.abstractmethod
-    async def _drain(self) -> None:
-        """Wait (without blocking the loop) until queued work has finished or failed."""
-
-    @abc.abstractmethod
-    def _close(self) -> None:
-        """Release the device itself (threads, context); objects are already destroyed."""
-
-    def _on_poisoned(self, fault: DeviceFault) -> None:
-        """Fail every pending completion callback with ``fault``; backends override."""
-        del fault
-
-    def _buffer_address(self, native: Any) -> int:
-        """The address a kernel sees for a buffer's ``native`` object (0 if none)."""
-        del native
-        return 0

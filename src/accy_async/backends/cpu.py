@@ -28,24 +28,21 @@ import numpy as np
 
 from ..errors import DeviceFault, InvalidArtifact, OutOfDeviceMemory, UnsupportedOperation
 from ..plan import ArtifactFormat, ArtifactSpec, CpuKernelPayload, ScalarArgument
-from ._completion import Completion
-from .base import (
+from ._completion import Completion, CompletionCallback, CompletionRegistration
+from ._device_info import DeviceIdentity, Limits, WaitPolicy
+from ._handles import (
     DEFAULT_STREAM_ID,
-    Backend,
     BufferBinding,
     BufferHandle,
-    CompletionCallback,
-    CompletionRegistration,
-    DeviceIdentity,
     DeviceObject,
     EventHandle,
     KernelArtifact,
-    Limits,
     LoadedArtifact,
-    PendingRead,
     StreamHandle,
-    WaitPolicy,
 )
+from ._launch_config import LaunchConfig
+from ._marks import PendingRead
+from .base import Backend
 from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel, parse_defines
 
 __all__ = ["CpuBackend", "host_memory_available"]
@@ -401,9 +398,7 @@ class CpuBackend(Backend):
         loaded: LoadedArtifact,
         buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
+        config: LaunchConfig,
         stream: StreamHandle,
         wait_events: Sequence[EventHandle],
         signal_event: EventHandle | None,
@@ -414,9 +409,9 @@ class CpuBackend(Backend):
         image: _CpuImage = loaded.native
         function = image.function
         context = CpuLaunchContext(
-            tuple(grid),  # type: ignore[arg-type]
-            tuple(block),  # type: ignore[arg-type]
-            shared_memory_bytes,
+            config.grid,
+            config.block,
+            config.shared_memory_bytes,
             diagnostic_id,
             image.defines,
         )

@@ -34,24 +34,21 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..plan import ArtifactFormat, ArtifactSpec, ScalarArgument
-from ._completion import Completion
-from .base import (
+from ._completion import Completion, CompletionCallback, CompletionRegistration
+from ._device_info import DeviceIdentity, Limits, WaitPolicy
+from ._handles import (
     DEFAULT_STREAM_ID,
-    Backend,
     BufferBinding,
     BufferHandle,
-    CompletionCallback,
-    CompletionRegistration,
-    DeviceIdentity,
     DeviceObject,
     EventHandle,
     KernelArtifact,
-    Limits,
     LoadedArtifact,
-    PendingRead,
     StreamHandle,
-    WaitPolicy,
 )
+from ._launch_config import LaunchConfig
+from ._marks import PendingRead
+from .base import Backend
 
 __all__ = [
     "FAULT_ERRORS",
@@ -480,9 +477,7 @@ class RecordingBackend(Backend):
         loaded: LoadedArtifact,
         buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
+        config: LaunchConfig,
         stream: StreamHandle,
         wait_events: Sequence[EventHandle],
         signal_event: EventHandle | None,
@@ -493,9 +488,9 @@ class RecordingBackend(Backend):
         self.launches.append(
             RecordedLaunch(
                 kernel_name=loaded.artifact.spec.kernel_name,
-                grid=tuple(grid),  # type: ignore[arg-type]
-                block=tuple(block),  # type: ignore[arg-type]
-                shared_memory_bytes=shared_memory_bytes,
+                grid=config.grid,
+                block=config.block,
+                shared_memory_bytes=config.shared_memory_bytes,
                 buffer_ids=tuple(binding.handle.id for binding in buffers),
                 buffer_access=tuple(binding.access for binding in buffers),
                 scalars=tuple(scalars),

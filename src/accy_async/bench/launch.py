@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from ..backends import LaunchConfig
 from ..backends.cuda.driver import driver
 from .rig import BATCH, KERNELS, Rig
 
@@ -195,12 +196,16 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
 
         async def checked() -> None:
             for _ in range(BATCH):
-                backend.launch(loaded, buffers, scalars, (1, 1, 1), (32, 1, 1), stream=stream)
+                backend.launch(
+                    loaded, buffers, scalars, LaunchConfig((1, 1, 1), (32, 1, 1)), stream=stream
+                )
 
         d = driver()
         raw_launch = d.cuLaunchKernel
         native = loaded.native
-        backend.launch(loaded, buffers, scalars, (1, 1, 1), (32, 1, 1), stream=stream)  # packs
+        backend.launch(
+            loaded, buffers, scalars, LaunchConfig((1, 1, 1), (32, 1, 1)), stream=stream
+        )  # packs
 
         def raw() -> None:
             for _ in range(BATCH):

@@ -43,6 +43,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
+from ..backends import LaunchConfig
 from ..backends.cuda.driver import driver
 from ..plan import U32, U64, ArtifactFormat, ArtifactSpec, TextPayload
 from .latency import Heartbeat
@@ -50,7 +51,7 @@ from .provenance import describe_run, git_revision
 from .rig import Rig, ok, run_on
 
 if TYPE_CHECKING:
-    from ..backends.base import (
+    from ..backends import (
         Backend,
         BufferBinding,
         BufferHandle,
@@ -556,14 +557,20 @@ def _accy_target(
 
     def launch(ns: int, on: StreamHandle) -> None:
         # Through the backend, so it learns the kernel's cost from the scalar.
-        backend.launch(loaded, buffers, [U64(ns)], _ONE, _ONE, stream=on)
+        backend.launch(loaded, buffers, [U64(ns)], LaunchConfig(_ONE, _ONE), stream=on)
 
     def launch_hidden(ns: int, on: StreamHandle) -> None:
         # The length goes to device memory first: the launch's arguments never change.
         assert hidden is not None
         kernel, length = hidden
         backend.write_buffer(length, ns.to_bytes(8, "little"), stream=on)
-        backend.launch(kernel, [binding, length.bind("read_only")], [U64(0)], _ONE, _ONE, stream=on)
+        backend.launch(
+            kernel,
+            [binding, length.bind("read_only")],
+            [U64(0)],
+            LaunchConfig(_ONE, _ONE),
+            stream=on,
+        )
 
     return _Target(
         stream,
@@ -783,7 +790,13 @@ class _ScanService:
                 stream=lane.stream,
             ),
         )
-        backend.launch(self.stamper, [lane.stamp_binding], [U64(0)], _ONE, _ONE, stream=lane.stream)
+        backend.launch(
+            self.stamper,
+            [lane.stamp_binding],
+            [U64(0)],
+            LaunchConfig(_ONE, _ONE),
+            stream=lane.stream,
+        )
         last = await download(backend, lane.y, np.int32, 1, offset=4 * (n - 1), stream=lane.stream)
         resumed = time.time_ns()
         return resumed, lane.stamp.value, int(last[0]) == n
@@ -1050,7 +1063,13 @@ async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
         for way, wait in ways.items():
             samples = Samples()
             for _ in range(trials):
-                backend.launch(loaded, [stamp.bind()], [U64(_KERNEL_NS)], _ONE, _ONE, stream=stream)
+                backend.launch(
+                    loaded,
+                    [stamp.bind()],
+                    [U64(_KERNEL_NS)],
+                    LaunchConfig(_ONE, _ONE),
+                    stream=stream,
+                )
                 backend.record_event(event, stream)
                 cancelled_at = [0.0]
                 with anyio.CancelScope() as scope:

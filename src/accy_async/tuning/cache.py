@@ -24,7 +24,7 @@ from typing import Final
 import anyio.to_thread
 import msgspec
 
-from ..backends.base import DeviceIdentity
+from ..backends import DeviceIdentity
 from ..plan import KernelTuningProblem, PipelineTuningProblem
 from ..plan._base import Base
 from .results import TuningResult

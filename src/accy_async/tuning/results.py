@@ -9,7 +9,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from ..backends.base import DeviceIdentity
+from ..backends import DeviceIdentity
 from ..plan import (
     ArtifactSpec,
     CandidateMeasurement,

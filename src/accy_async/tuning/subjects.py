@@ -15,11 +15,12 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..backends.base import (
+from ..backends import (
     Access,
     Backend,
     BufferBinding,
     BufferHandle,
+    LaunchConfig,
     LoadedArtifact,
     StreamHandle,
 )
@@ -251,9 +252,7 @@ class KernelSubject(Subject):
             self._loaded,
             self._buffers,
             self._scalars,
-            self._grid,
-            self._block,
-            shared_memory_bytes=self._shared,
+            LaunchConfig(self._grid, self._block, self._shared),
             stream=stream,
         )
 

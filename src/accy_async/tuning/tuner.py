@@ -33,7 +33,7 @@ import anyio.to_thread
 import msgspec
 
 from .._loops import checkpoint
-from ..backends.base import Backend, EventHandle, StreamHandle
+from ..backends import Backend, EventHandle, StreamHandle
 from ..errors import AccyError, DeviceFault, LaunchArgumentMismatch, UntrustedKernel
 from ..plan import KernelTuningProblem, PipelineTuningProblem, validate_plan
 from ..waiting import CLEANUP_WAIT_SECONDS, release_when_idle, wait_event, wait_stream

@@ -43,6 +43,7 @@ from ...errors import (
 )
 from ...plan import ArtifactFormat, ArtifactSpec, BinaryPayload, ScalarArgument, TextPayload
 from .._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
+from .._device_info import DeviceIdentity, Limits, WaitPolicy
 from .._handles import (
     DEFAULT_STREAM_ID,
     BufferBinding,
@@ -53,9 +54,10 @@ from .._handles import (
     LoadedArtifact,
     StreamHandle,
 )
+from .._launch_config import LaunchConfig
 from .._launcher import StageLauncher
 from .._marks import PendingRead, StreamMark
-from ..base import Backend, DeviceIdentity, Limits, WaitPolicy
+from ..base import Backend
 from ..forecast import Anticipation, byte_features
 from ._device import DeviceState
 from ._launch import CudaStageLauncher, Kernel
@@ -510,17 +512,13 @@ class CudaBackend(Backend):
         loaded: LoadedArtifact,
         buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
+        config: LaunchConfig,
         stream: StreamHandle,
         wait_events: Sequence[EventHandle],
         signal_event: EventHandle | None,
         diagnostic_id: str | None,
     ) -> None:
-        self._launcher_of(loaded)(
-            buffers, scalars, grid, block, shared_memory_bytes, stream, wait_events, signal_event
-        )
+        self._launcher_of(loaded)(buffers, scalars, config, stream, wait_events, signal_event)
 
     def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
         """A launcher with the kernel's argument array, packer and driver call bound once."""

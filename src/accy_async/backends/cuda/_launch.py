@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ...plan import ScalarArgument
 from .._handles import BufferBinding, EventHandle, LoadedArtifact, StreamHandle
+from .._launch_config import LaunchConfig
 from .._launcher import StageLauncher
 from ..forecast import CostModel
 
@@ -108,9 +109,7 @@ class CudaStageLauncher(StageLauncher):
         self,
         buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
+        config: LaunchConfig,
         stream: StreamHandle | None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
@@ -122,13 +121,7 @@ class CudaStageLauncher(StageLauncher):
             kernel.slots, 0, *[binding.address for binding in buffers], *state[1]
         )
         self.launch_prepared(
-            (kernel.params, None, None, state[1]),
-            grid,
-            block,
-            shared_memory_bytes,
-            stream,
-            wait_events,
-            signal_event,
+            (kernel.params, None, None, state[1]), config, stream, wait_events, signal_event
         )
 
     def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
@@ -151,9 +144,7 @@ class CudaStageLauncher(StageLauncher):
     def launch_prepared(
         self,
         prepared: Any,
-        grid: tuple[int, int, int],
-        block: tuple[int, int, int],
-        shared_memory_bytes: int,
+        config: LaunchConfig,
         stream: StreamHandle | None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
@@ -168,21 +159,9 @@ class CudaStageLauncher(StageLauncher):
             for event in wait_events:
                 device.wait(stream, event)
         kernel = self._kernel
-        (result,) = self._launch(
-            kernel.function,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
-            shared_memory_bytes,
-            stream.native,
-            prepared[0],
-            0,
-        )
+        (result,) = self._launch(kernel.function, *config.dims, stream.native, prepared[0], 0)
         if result:
             device.fail(result, f"launching {self._name}")
-        device.ledgers[stream.id].enqueue(kernel.cost, (grid, block, prepared[3]))
+        device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))
         if signal_event is not None:
             device.record(signal_event, stream)

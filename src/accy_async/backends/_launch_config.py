@@ -1,0 +1,83 @@
+"""Where and how wide a kernel runs: grid, block and dynamic shared memory, checked once.
+
+As in cuda.core's ``launch(stream, config, kernel, *args)``, the geometry is one
+object resolved once per stage or node and reused for every launch of it; the
+stream, the waits and the signal stay per launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from ..errors import LaunchArgumentMismatch
+
+__all__ = ["LaunchConfig"]
+
+_MAX_SHARED_MEMORY: Final = 1 << 20
+
+
+def _dim3(name: str, value: object) -> tuple[int, int, int]:
+    if (
+        not isinstance(value, tuple | list)
+        or len(value) != 3
+        or not all(type(v) is int and v > 0 for v in value)
+    ):
+        raise LaunchArgumentMismatch(f"{name} must be three positive ints, got {value!r}")
+    x, y, z = value
+    return (x, y, z)
+
+
+class LaunchConfig:
+    """A kernel launch's grid, block and dynamic shared memory; immutable and hashable.
+
+    ``grid`` and ``block`` are three positive ints each (a list is taken as a
+    tuple), ``shared_memory_bytes`` the dynamic shared memory per block.
+    :class:`~accy_async.errors.LaunchArgumentMismatch` when a dimension is not
+    a positive int or the shared memory is negative (the device checks its
+    own limits when the kernel launches).
+    """
+
+    __slots__ = ("block", "dims", "grid", "shared_memory_bytes")
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_memory_bytes: int
+    dims: tuple[int, int, int, int, int, int, int]
+    """``grid``, ``block`` and the shared memory in one tuple: ``cuLaunchKernel``'s order."""
+
+    def __init__(
+        self,
+        grid: Sequence[int],
+        block: Sequence[int],
+        shared_memory_bytes: int = 0,
+    ) -> None:
+        grid = _dim3("grid", grid)
+        block = _dim3("block", block)
+        if type(shared_memory_bytes) is not int or not (
+            0 <= shared_memory_bytes <= _MAX_SHARED_MEMORY
+        ):
+            raise LaunchArgumentMismatch(
+                f"shared_memory_bytes must be an int from 0 to {_MAX_SHARED_MEMORY}, "
+                f"got {shared_memory_bytes!r}"
+            )
+        setter = object.__setattr__
+        setter(self, "grid", grid)
+        setter(self, "block", block)
+        setter(self, "shared_memory_bytes", shared_memory_bytes)
+        setter(self, "dims", (*grid, *block, shared_memory_bytes))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"LaunchConfig is immutable (tried to set {name})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LaunchConfig) and self.dims == other.dims
+
+    def __hash__(self) -> int:
+        return hash(self.dims)
+
+    def __repr__(self) -> str:
+        return (
+            f"LaunchConfig(grid={self.grid}, block={self.block}, "
+            f"shared_memory_bytes={self.shared_memory_bytes})"
+        )
