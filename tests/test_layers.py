@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends",),
     ("_loops",),
     ("waiting",),
-    ("kernels", "pipeline", "graph"),
+    ("kernels", "pipeline", "_pipeline_pool", "_pipeline_program", "graph"),
     ("library", "trust"),
     ("buffers", "interop", "arrays", "call"),
     ("tuning",),
