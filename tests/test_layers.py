@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("waiting",),
     ("kernels", "pipeline", "_pipeline_pool", "_pipeline_program", "graph"),
     ("library", "trust"),
-    ("buffers", "interop", "arrays", "call"),
+    ("buffers", "interop", "arrays", "call", "_call_intake", "_call_lane"),
     ("tuning",),
     ("bench", "cli", "cli_arguments", "cli_trust", "tune_command", "testing"),
     ("__init__",),
