@@ -25,7 +25,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("library", "trust"),
     ("buffers", "interop", "arrays", "call", "_call_intake", "_call_lane"),
     ("tuning",),
-    ("bench", "cli", "cli_arguments", "cli_trust", "tune_command", "testing"),
+    (
+        "bench",
+        "cli",
+        "cli_arguments",
+        "cli_trust",
+        "demo_command",
+        "plan_commands",
+        "run_command",
+        "tune_command",
+        "testing",
+    ),
     ("__init__",),
 )
 """Lowest first. A module may import from its own layer and the ones below."""
