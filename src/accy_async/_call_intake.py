@@ -41,7 +41,7 @@ class Intake:
 
     def __init__(self, document: PipelineDocument) -> None:
         self.document = document
-        self.names = document.runtime_scalar_names or tuple(
+        self._names = document.runtime_scalar_names or tuple(
             f"arg{index}" for index in range(document.pipeline.runtime_scalar_argument_count)
         )
         """The runtime scalars' names (``arg0``, ``arg1``, ... where the plan names none)."""
@@ -74,7 +74,7 @@ class Intake:
 
         A scalar is given by name, or is the length of an operand the plan sizes by it.
         """
-        names = self.names
+        names = self._names
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise LaunchArgumentMismatch(
