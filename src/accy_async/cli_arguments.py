@@ -1,17 +1,46 @@
-"""What the command-line modules share: argument types, the backend choice, plan references."""
+"""What the command-line modules share: argument types, the backend choice, plans, progress."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
-from typing import Final
+from typing import Final, TextIO
 
+from . import library
 from .errors import AccyError
+from .plan import PlanDocument, decode_json, decode_msgpack
 
-__all__ = ["BACKENDS", "BACKEND_HELP", "existing_file", "positive_float", "positive_int"]
+__all__ = [
+    "BACKENDS",
+    "BACKEND_HELP",
+    "Progress",
+    "existing_file",
+    "load_document",
+    "positive_float",
+    "positive_int",
+]
 
 BACKENDS: Final = ("auto", "cuda", "cpu")
 BACKEND_HELP: Final = "auto (the GPU if there is one, else the CPU), cuda or cpu"
+
+_MSGPACK_SUFFIXES: Final = (".msgpack", ".mpk", ".msgpk")
+"""Plan files with these suffixes are read as MessagePack; any other file as JSON."""
+
+
+class Progress:
+    """Steps of long work on stderr, each with its elapsed time."""
+
+    def __init__(self, stream: TextIO, *, quiet: bool = False) -> None:
+        self.stream = stream
+        self.quiet = quiet
+        self.start = time.perf_counter()
+
+    def step(self, message: str) -> None:
+        """Print ``message`` with the time since the start (unless quiet)."""
+        if not self.quiet:
+            elapsed = time.perf_counter() - self.start
+            print(f"[{elapsed:7.3f} s] {message}", file=self.stream, flush=True)
 
 
 def positive_int(text: str) -> int:
@@ -45,3 +74,20 @@ def existing_file(reference: str, what: str) -> Path | None:
     if path.is_dir():
         raise AccyError(f"{reference} is a folder; give a {what}")
     return path if path.exists() else None
+
+
+def load_document(reference: str) -> PlanDocument:
+    """A plan from a file path (JSON, or MessagePack by suffix), or a built-in plan by name."""
+    path = existing_file(reference, "plan file")
+    if path is not None:
+        data = path.read_bytes()
+        if path.suffix.lower() in _MSGPACK_SUFFIXES:
+            packed: PlanDocument = decode_msgpack(data, PlanDocument)
+            return packed
+        document: PlanDocument = decode_json(data, PlanDocument)
+        return document
+    if reference in library.BUILTIN_PLANS:
+        return library.load_builtin(reference)
+    raise AccyError(
+        f"{reference!r} is neither a file nor a built-in plan ({', '.join(library.BUILTIN_PLANS)})"
+    )

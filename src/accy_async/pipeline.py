@@ -24,53 +24,55 @@ allocate :class:`PipelineIntermediates` once::
     scratch = await allocate_pipeline_intermediates(backend, pipeline, scalars)
     async with pool, scratch:
         await launch_pipeline(backend, PipelineLaunch(..., artifacts=pool, intermediates=scratch))
+
+This module checks and launches requests. The pool and the scratch live in
+:mod:`accy_async._pipeline_pool`, the chain checked against its registry and
+what the runtime scalars decide in :mod:`accy_async._pipeline_program`; their
+public names are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, overload
+from typing import Final
 
-from ._cache import IdentityCache
-from ._loops import admit, checkpoint
+from ._loops import admit
+from ._pipeline_pool import (
+    LaunchMemo,
+    PipelineArtifactPool,
+    PipelineIntermediates,
+    PoolEntry,
+    allocate_intermediates,
+    allocate_pipeline_intermediates,
+    load_pipeline_artifacts,
+)
+from ._pipeline_program import (
+    Resolution,
+    choose_format,
+    intermediate_byte_size,
+    program_of,
+    resolve_program,
+)
 from .backends import (
     Backend,
     BufferBinding,
     BufferHandle,
-    KernelArtifact,
-    LaunchConfig,
     LoadedArtifact,
     StageLauncher,
     StreamHandle,
     StreamLike,
 )
-from .errors import (
-    InvalidArtifact,
-    InvalidBuffer,
-    LaunchArgumentMismatch,
-    LimitExceeded,
-    UnsupportedOperation,
-)
+from .errors import InvalidBuffer, LaunchArgumentMismatch
 from .plan import (
     ArtifactFormat,
-    Constant,
-    Forward,
-    Intermediate,
     KernelCallPipeline,
     KernelCallRegistry,
-    Operand,
     PipelineBuffer,
     PipelineDocument,
-    PipelineIntermediate,
-    RegistryEntry,
     ScalarArgument,
-    ScalarDerivation,
     resolve_quantity,
-    validate_plan,
 )
-from .plan.scalars import SCALAR_CLASSES, integer_value
 from .waiting import release_when_idle, wait_stream
 
 __all__ = [
@@ -88,143 +90,7 @@ __all__ = [
     "resolve_launch",
 ]
 
-_MAX_BYTES: Final = 2**63 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class PoolEntry:
-    """One stage of a pool: its created artifact and the loaded kernel."""
-
-    artifact: KernelArtifact
-    loaded: LoadedArtifact
-
-
-class PipelineArtifactPool:
-    """The created and loaded kernels of one pipeline, one per stage.
-
-    Labelled with the chain's ``target``, ``version`` and ``format``, so a
-    launch can check it was loaded for that chain. Many tasks may launch the
-    same pool at once, on different streams. Closing it (``aclose`` or leaving
-    ``async with``) waits for the streams it was launched on, then destroys
-    every loaded kernel; the created artifacts are host memory and go with it.
-    """
-
-    def __init__(
-        self,
-        backend: Backend,
-        pipeline: KernelCallPipeline,
-        registry: KernelCallRegistry,
-        format: ArtifactFormat,
-        entries: Sequence[PoolEntry],
-    ) -> None:
-        self.backend = backend
-        self.pipeline = pipeline
-        self.registry = registry
-        self.target = pipeline.target
-        self.version = pipeline.version
-        self.format = format
-        self.entries: tuple[PoolEntry, ...] = tuple(entries)
-        self.launchers: tuple[StageLauncher, ...] = tuple(
-            backend.stage_launcher(entry.loaded) for entry in self.entries
-        )
-        self.streams_used: set[StreamHandle | None] = set()
-        self.closed = False
-        self._accepted: set[tuple[int, ArtifactFormat]] = set()
-        self.memos: OrderedDict[int, _Memo] = OrderedDict()
-        """Requests launched more than once, checked and packed for their relaunches."""
-        self.seen: OrderedDict[int, PipelineLaunch] = OrderedDict()
-        """Requests launched once (by id): a second launch packs them into a memo."""
-
-    def accept(self, backend: Backend, program: _Program, format: ArtifactFormat) -> None:
-        """Check that the pool fits a launch of ``program`` in ``format`` on ``backend``.
-
-        Raises :class:`LaunchArgumentMismatch` when it is closed, from another
-        backend, or loaded for another stage count, version, format or target.
-        """
-        if self.closed:
-            raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
-        if self.backend is not backend:
-            raise LaunchArgumentMismatch(
-                "the artifact pool was loaded on another backend", path="$.artifacts"
-            )
-        key = (id(program), format)
-        if key in self._accepted:
-            return
-        pipeline = program.pipeline
-        for what, have, want in (
-            ("stages", len(self.entries), len(pipeline.stages)),
-            ("version", self.version, pipeline.version),
-            ("format", self.format, format),
-            ("target", self.target, pipeline.target),
-        ):
-            if have != want:
-                raise LaunchArgumentMismatch(
-                    f"the artifact pool's {what} is {have!r}, the launch needs {want!r}",
-                    path="$.artifacts",
-                )
-        self._accepted.add(key)
-
-    async def aclose(self) -> None:
-        """Wait for the launches that used the pool, then unload every stage."""
-        if self.closed:
-            await checkpoint()
-            return
-        self.closed = True
-        await release_when_idle(
-            self.backend, [entry.loaded for entry in self.entries], list(self.streams_used)
-        )
-
-    async def __aenter__(self) -> PipelineArtifactPool:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class PipelineIntermediates(Sequence[BufferBinding]):
-    """The scratch buffers of one pipeline, allocated once for many launches.
-
-    A sequence of read-write bindings, one per intermediate, sized for the
-    runtime scalars they were allocated with. Closing waits for the streams
-    they were launched on, then frees them.
-    """
-
-    def __init__(self, backend: Backend, bindings: Sequence[BufferBinding]) -> None:
-        self.backend = backend
-        self.bindings: tuple[BufferBinding, ...] = tuple(bindings)
-        self.streams_used: set[StreamHandle | None] = set()
-        self.closed = False
-        self.handle_ids: frozenset[int] = frozenset(id(binding.handle) for binding in bindings)
-        """The buffers' identities, for the check that no operand aliases one."""
-
-    @overload
-    def __getitem__(self, index: int) -> BufferBinding: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[BufferBinding]: ...
-    def __getitem__(self, index: int | slice) -> BufferBinding | Sequence[BufferBinding]:
-        return self.bindings[index]
-
-    def __len__(self) -> int:
-        return len(self.bindings)
-
-    def __iter__(self) -> Iterator[BufferBinding]:
-        return iter(self.bindings)
-
-    async def aclose(self) -> None:
-        """Wait for the launches that used the buffers, then free them."""
-        if self.closed:
-            await checkpoint()
-            return
-        self.closed = True
-        await release_when_idle(
-            self.backend, [binding.handle for binding in self.bindings], list(self.streams_used)
-        )
-
-    async def __aenter__(self) -> PipelineIntermediates:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+_MEMO_CAPACITY: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,277 +159,6 @@ class PipelineLaunch:
         )
 
 
-# ----- the checked form of a (pipeline, registry, format) ----------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Program:
-    """A pipeline checked against a registry in one format, with each stage's entry."""
-
-    pipeline: KernelCallPipeline
-    registry: KernelCallRegistry
-    format: ArtifactFormat
-    entries: tuple[RegistryEntry, ...]
-    refs: tuple[tuple[tuple[int, int], ...], ...]
-    """Per stage, each buffer as ``(source, index)``: 0 operand, 1 result, 2 intermediate."""
-    resolved: OrderedDict[tuple[ScalarArgument | int | float, ...], Resolution]
-
-
-@dataclass(frozen=True, slots=True)
-class Resolution:
-    """What the runtime scalars decide for one pipeline (see :func:`resolve_launch`).
-
-    Each stage's scalars and geometry, the scratch sizes; cached per pipeline.
-    """
-
-    arguments: tuple[ScalarArgument, ...]
-    """The runtime scalars, typed."""
-    stage_scalars: tuple[tuple[ScalarArgument, ...], ...]
-    configs: tuple[LaunchConfig, ...]
-    """Each stage's launch geometry."""
-    intermediate_sizes: tuple[int, ...]
-    refs: tuple[tuple[tuple[int, int], ...], ...]
-    """Per stage, each buffer as ``(source, index)`` (the pipeline's, kept here for launches)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Memo:
-    """A request checked in full once, with its stages' arguments packed, for relaunching."""
-
-    request: PipelineLaunch
-    stream: StreamHandle | None
-    """The request's stream, adopted (see :meth:`Backend.adopt_stream`)."""
-    sequences: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]]
-    bindings: tuple[BufferBinding, ...]
-    stages: tuple[tuple[StageLauncher, Any, LaunchConfig], ...]
-    """Each stage's launcher and packed arguments."""
-    immutable: bool
-    """Whether the request's sequences are tuples (or intermediates): they cannot change."""
-
-    def still_holds(self, backend: Backend) -> bool:
-        """Whether the request's buffers are the ones checked, and all still live."""
-        request = self.request
-        sequences = self.sequences
-        if (
-            request.operands is not sequences[0]
-            or request.results is not sequences[1]
-            or request.intermediates is not sequences[2]
-        ):
-            return False
-        if not self.immutable:
-            flat = (*request.operands, *request.results, *(request.intermediates or ()))
-            if len(flat) != len(self.bindings) or any(
-                a is not b for a, b in zip(flat, self.bindings, strict=True)
-            ):
-                return False
-        backend.check_bindings(self.bindings, "$.buffers")
-        stream = self.stream
-        return stream is None or backend.owns(stream)
-
-
-_MEMO_CAPACITY: Final = 64
-
-_programs: IdentityCache[_Program] = IdentityCache(128)
-_RESOLVED_CAPACITY: Final = 64
-
-
-def _program(
-    pipeline: KernelCallPipeline, registry: KernelCallRegistry, format: ArtifactFormat
-) -> _Program:
-    program = _programs.get((pipeline, registry), format)
-    if program is not None:
-        return program
-    validate_plan(pipeline)
-    validate_plan(registry)
-    entries = pipeline.validate(registry, format)
-    refs = tuple(
-        tuple(
-            (
-                0 if isinstance(ref, Operand) else 2 if isinstance(ref, Intermediate) else 1,
-                ref.index,
-            )
-            for ref in stage.buffers
-        )
-        for stage in pipeline.stages
-    )
-    return _programs.put(
-        (pipeline, registry),
-        _Program(pipeline, registry, format, entries, refs, OrderedDict()),
-        format,
-    )
-
-
-def _resolve(program: _Program, arguments: Sequence[ScalarArgument | int | float]) -> Resolution:
-    key = tuple(arguments)
-    cached = program.resolved.get(key)
-    if cached is not None:
-        return cached
-    pipeline = program.pipeline
-    arguments = pipeline.validate_runtime_scalar_arguments(key)
-    if arguments != key:
-        # Plain numbers: 5, 5.0 and True are equal keys, so they are never stored; the
-        # typed arguments they make are.
-        key = arguments
-        cached = program.resolved.get(key)
-        if cached is not None:
-            return cached
-    sizes = tuple(
-        intermediate_byte_size(spec, arguments, index)
-        for index, spec in enumerate(pipeline.intermediates)
-    )
-    stage_scalars = []
-    configs = []
-    for stage_index, (stage, entry) in enumerate(
-        zip(pipeline.stages, program.entries, strict=True)
-    ):
-        scalars = tuple(_derive(derivation, arguments, stage_index) for derivation in stage.scalars)
-        stage_scalars.append(scalars)
-        configs.append(LaunchConfig(*entry.launch.resolve(scalars)))
-    resolved = Resolution(
-        tuple(arguments), tuple(stage_scalars), tuple(configs), sizes, program.refs
-    )
-    program.resolved[key] = resolved
-    if len(program.resolved) > _RESOLVED_CAPACITY:
-        program.resolved.popitem(last=False)
-    return resolved
-
-
-def _derive(
-    derivation: ScalarDerivation, arguments: Sequence[ScalarArgument], stage_index: int
-) -> ScalarArgument:
-    if isinstance(derivation, Constant):
-        return derivation.value
-    argument = arguments[derivation.argument_index]
-    if isinstance(derivation, Forward):
-        return argument
-    value = integer_value(argument)
-    if value is None or value < 0:
-        raise LaunchArgumentMismatch(
-            f"stage {stage_index} divides runtime scalar {derivation.argument_index}, which must "
-            f"be a non-negative integer, got {argument!r}",
-            path=f"$.runtime_scalar_arguments[{derivation.argument_index}]",
-        )
-    return SCALAR_CLASSES[argument.type_name](-(-value // derivation.divisor))
-
-
-# ----- public operations -------------------------------------------------------------------
-
-
-def choose_format(backend: Backend, plan: PipelineDocument | KernelCallRegistry) -> ArtifactFormat:
-    """The first of the backend's preferred formats that the plan's registry provides.
-
-    What :func:`load_pipeline_artifacts` and :func:`launch_pipeline` use when
-    given no format. Raises :class:`UnsupportedOperation` when the registry
-    has none of them.
-    """
-    registry = plan.registry if isinstance(plan, PipelineDocument) else plan
-    available = registry.formats()
-    for candidate in backend.preferred_formats:
-        if candidate in available:
-            return candidate
-    raise UnsupportedOperation(
-        f"the plan has no kernels for the {backend.kind} backend "
-        f"(it has {sorted(f.value for f in available)})"
-    )
-
-
-def intermediate_byte_size(
-    spec: PipelineIntermediate,
-    runtime_scalar_arguments: Sequence[ScalarArgument],
-    index: int | None = None,
-) -> int:
-    """Bytes of one intermediate (the pipeline's ``index``-th) for these runtime scalars.
-
-    Raises :class:`InvalidArtifact` when the extent is zero or the size does
-    not fit in 63 bits (the seed's overflow check), naming the intermediate.
-    """
-    path = None if index is None else f"$.pipeline.intermediates[{index}].extent"
-    extent = resolve_quantity(spec.extent, runtime_scalar_arguments)
-    if extent == 0:
-        raise InvalidArtifact("an intermediate resolves to zero elements", path=path)
-    byte_size = extent * spec.dtype.size
-    if byte_size > _MAX_BYTES:
-        raise InvalidArtifact(
-            f"an intermediate of {extent} {spec.dtype.value} overflows 63 bits", path=path
-        )
-    return byte_size
-
-
-async def load_pipeline_artifacts(
-    backend: Backend,
-    pipeline: KernelCallPipeline,
-    registry: KernelCallRegistry,
-    format: ArtifactFormat | None = None,
-) -> PipelineArtifactPool:
-    """Create and load each stage's registry entry into a new pool.
-
-    ``format`` defaults to :func:`choose_format`'s (the backend's most
-    preferred that the registry has). The whole chain is checked against the
-    registry first. A failure (or a cancellation) part way unloads the stages
-    already loaded.
-    """
-    await checkpoint()
-    if format is None:
-        format = choose_format(backend, registry)
-    program = _program(pipeline, registry, format)
-    entries: list[PoolEntry] = []
-    try:
-        for entry in program.entries:
-            artifact = await backend.create_artifact(entry.artifact_spec())
-            entries.append(PoolEntry(artifact, await backend.load_artifact(artifact)))
-    except BaseException:
-        backend.destroy_all([pool_entry.loaded for pool_entry in entries])
-        raise
-    return PipelineArtifactPool(backend, pipeline, registry, format, entries)
-
-
-async def allocate_pipeline_intermediates(
-    backend: Backend,
-    pipeline: KernelCallPipeline,
-    runtime_scalar_arguments: Sequence[ScalarArgument | int | float],
-) -> PipelineIntermediates:
-    """Allocate each intermediate once, sized for these runtime scalars, 256-byte aligned.
-
-    The runtime scalars and every size (against the backend's limits) are
-    checked before the first allocation; a failure part way frees what was
-    allocated.
-    """
-    await checkpoint()
-    validate_plan(pipeline)
-    arguments = pipeline.validate_runtime_scalar_arguments(runtime_scalar_arguments)
-    sizes = [
-        intermediate_byte_size(spec, arguments, index)
-        for index, spec in enumerate(pipeline.intermediates)
-    ]
-    return PipelineIntermediates(backend, _allocate(backend, pipeline, sizes))
-
-
-def _allocate(
-    backend: Backend, pipeline: KernelCallPipeline, sizes: Sequence[int]
-) -> list[BufferBinding]:
-    limits = backend.limits
-    for index, size in enumerate(sizes):
-        if size > limits.max_buffer_bytes:
-            raise LimitExceeded(
-                f"intermediate {index} needs {size} bytes, over the limit of "
-                f"{limits.max_buffer_bytes} bytes per buffer",
-                path=f"$.intermediates[{index}]",
-            )
-    if sum(sizes) > limits.max_total_bytes:
-        raise LimitExceeded(
-            f"the intermediates need {sum(sizes)} bytes together, over the backend's limit of "
-            f"{limits.max_total_bytes}"
-        )
-    bindings: list[BufferBinding] = []
-    try:
-        for spec, size in zip(pipeline.intermediates, sizes, strict=True):
-            bindings.append(backend.allocate_buffer(size, dtype=spec.dtype).bind("read_write"))
-    except BaseException:
-        backend.destroy_all([binding.handle for binding in bindings])
-        raise
-    return bindings
-
-
 async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     """Run a kernel pipeline once; see the module docstring for the rules.
 
@@ -593,9 +188,9 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     if fmt is None:
         fmt = pool.format if pool is not None else choose_format(backend, request.registry)
     if pool is not None and pool.pipeline is pipeline and pool.registry is request.registry:
-        program = _program(pipeline, pool.registry, pool.format)
+        program = program_of(pipeline, pool.registry, pool.format)
     else:
-        program = _program(pipeline, request.registry, fmt)
+        program = program_of(pipeline, request.registry, fmt)
     operands, results, provided = request.operands, request.results, request.intermediates
     if len(operands) != pipeline.operand_count:
         raise LaunchArgumentMismatch(
@@ -609,7 +204,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             f"got {len(results)}",
             path="$.results",
         )
-    resolved = _resolve(program, request.runtime_scalar_arguments)
+    resolved = resolve_program(program, request.runtime_scalar_arguments)
     if pool is not None:
         pool.accept(backend, program, fmt)
     stream = request.stream
@@ -646,7 +241,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             return
         pool.seen.pop(id(request), None)
         immutable = all(isinstance(each, tuple | PipelineIntermediates) for each in sources)
-        pool.memos[id(request)] = _Memo(
+        pool.memos[id(request)] = LaunchMemo(
             request, stream, sources, (*operands, *results, *provided), tuple(stages), immutable
         )
         if len(pool.memos) > _MEMO_CAPACITY:
@@ -655,7 +250,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     owned: list[BufferHandle | LoadedArtifact] = []
     try:
         if provided is None:
-            intermediates: Sequence[BufferBinding] = _allocate(
+            intermediates: Sequence[BufferBinding] = allocate_intermediates(
                 backend, pipeline, resolved.intermediate_sizes
             )
             owned.extend(binding.handle for binding in intermediates)
@@ -692,7 +287,7 @@ def resolve_launch(
     checks them; the answer is cached per pipeline. Raises
     :class:`LaunchArgumentMismatch` (:class:`LimitExceeded` for a bound).
     """
-    return _resolve(_program(pool.pipeline, pool.registry, pool.format), arguments)
+    return resolve_program(program_of(pool.pipeline, pool.registry, pool.format), arguments)
 
 
 def enqueue_checked(
@@ -732,7 +327,7 @@ def _check_open(pool: PipelineArtifactPool, intermediates: object) -> None:
         raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
 
 
-def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: _Memo) -> bool:
+def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo) -> bool:
     """Launch a request checked in full before, re-checking only what can have changed.
 
     Returns ``False`` (and launches nothing) when its buffers are not the ones
