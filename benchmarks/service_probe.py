@@ -1,6 +1,6 @@
 """Why a loop serving 64 tasks lags, and where a wait's CPU goes: probes on asyncio.
 
-1. The scan service of ``accy_async.bench.workload`` serves small prefix sums
+1. The scan service of ``accy_bench.workload`` serves small prefix sums
    with 64 tasks while every callback the loop runs is timed
    (``asyncio.events.Handle._run``) and a watchdog thread records the loop
    thread's stack whenever one callback has run for over 2 ms: the heartbeat's
@@ -29,8 +29,8 @@ from typing import Any
 
 from accy_async import waiting
 from accy_async._loops import _base
-from accy_async.bench import workload
-from accy_async.bench.rig import Rig, run_on
+from accy_bench import workload
+from accy_bench.rig import Rig, run_on
 
 
 @contextmanager

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from accy_async.bench import workload as w
+from accy_bench import workload as w
 
 
 def test_importing_the_benchmark_loads_no_cuda() -> None:
     code = (
         "import sys, accy_async\n"
         "before = set(sys.modules)\n"
-        "import accy_async.bench.workload\n"
+        "import accy_bench.workload\n"
         "print(sorted(m for m in set(sys.modules) - before if m.startswith('cuda')))\n"
     )
     found = subprocess.run(

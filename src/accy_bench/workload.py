@@ -1,6 +1,6 @@
 """Application workloads on the GPU: accy-async beside its baselines, in one run.
 
-``python -m accy_async.bench.workload --out DIR`` writes ``workload.json`` and
+``python -m accy_bench.workload --out DIR`` writes ``workload.json`` and
 ``workload.md``. Two sections:
 
 * **completion**: microseconds from a kernel's end (its last ``%globaltimer``
@@ -43,14 +43,15 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from ..backends.cuda.driver import driver
-from ..plan import U32, U64, ArtifactFormat, ArtifactSpec, TextPayload
+from accy_async.backends.cuda.driver import driver
+from accy_async.plan import U32, U64, ArtifactFormat, ArtifactSpec, TextPayload
+
 from .latency import Heartbeat
 from .provenance import describe_run, git_revision
 from .rig import Rig, ok, run_on
 
 if TYPE_CHECKING:
-    from ..backends.base import (
+    from accy_async.backends.base import (
         Backend,
         BufferBinding,
         BufferHandle,
@@ -59,9 +60,9 @@ if TYPE_CHECKING:
         LoadedArtifact,
         StreamHandle,
     )
-    from ..backends.cuda import CudaBackend
-    from ..pipeline import PipelineArtifactPool, PipelineIntermediates
-    from ..plan import PipelineDocument
+    from accy_async.backends.cuda import CudaBackend
+    from accy_async.pipeline import PipelineArtifactPool, PipelineIntermediates
+    from accy_async.plan import PipelineDocument
 
 __all__ = [
     "ACCY_METHODS",
@@ -500,7 +501,7 @@ async def _poll_yield(event: Any, stream: Any) -> None:
 
 
 async def _poll_timer(event: Any, stream: Any) -> None:
-    from .._loops import sleep_until
+    from accy_async._loops import sleep_until
 
     d = driver()
     ok(d.cuEventRecord(event, stream), "record")
@@ -575,7 +576,7 @@ def _accy_target(
 
 
 def _accy_waiter(backend: CudaBackend, event: EventHandle, method: AccyMethod) -> Waiter:
-    from ..waiting import wait_event, wait_stream
+    from accy_async.waiting import wait_event, wait_stream
 
     policy = method.policy
     if method.on == "stream":
@@ -616,7 +617,7 @@ async def _trials(
     heartbeat: Heartbeat,
     samples: Samples,
 ) -> None:
-    from .._loops import sleep_until
+    from accy_async._loops import sleep_until
 
     async with anyio.create_task_group() as group:
         group.start_soon(heartbeat.run)
@@ -649,8 +650,8 @@ async def _accy_completion(
     workloads: Sequence[CompletionWorkload],
     draws: dict[str, list[tuple[int, ...]]],
 ) -> Section:
-    from ..backends.cuda import CudaBackend
-    from ..waiting import wait_stream
+    from accy_async.backends.cuda import CudaBackend
+    from accy_async.waiting import wait_stream
 
     rows: Section = {}
     async with contextlib.AsyncExitStack() as stack:
@@ -764,8 +765,8 @@ class _ScanService:
 
     async def request(self, lane: _Lane, n: int) -> tuple[int, int, bool]:
         """Scan ``n`` ones, stamp, read the last element: (resumed ns, stamp ns, it was ``n``)."""
-        from ..buffers import download
-        from ..pipeline import PipelineLaunch, launch_pipeline
+        from accy_async.buffers import download
+        from accy_async.pipeline import PipelineLaunch, launch_pipeline
 
         backend = self.backend
         lane.stamp.value = 0
@@ -793,10 +794,14 @@ async def _open_scan_service(
     stack: contextlib.AsyncExitStack, lanes: int, max_n: int
 ) -> _ScanService:
     """Set the service up; ``stack`` releases everything, in order, when it closes."""
-    from ..backends.cuda import CudaBackend
-    from ..library import load_builtin
-    from ..pipeline import allocate_pipeline_intermediates, choose_format, load_pipeline_artifacts
-    from ..waiting import wait_stream
+    from accy_async.backends.cuda import CudaBackend
+    from accy_async.library import load_builtin
+    from accy_async.pipeline import (
+        allocate_pipeline_intermediates,
+        choose_format,
+        load_pipeline_artifacts,
+    )
+    from accy_async.waiting import wait_stream
 
     stamps = MappedStamps(lanes)
     stack.callback(stamps.close)
@@ -1018,11 +1023,11 @@ _KERNEL_NS: Final = 50_000_000
 
 async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
     """Cancel each way of waiting 5 ms into a 50 ms kernel: how soon control comes back."""
-    from .. import library as builtins
-    from ..backends.cuda import CudaBackend
-    from ..buffers import download
-    from ..pipeline import PipelineLaunch, choose_format, launch_pipeline
-    from ..waiting import wait_event, wait_stream
+    from accy_async import library as builtins
+    from accy_async.backends.cuda import CudaBackend
+    from accy_async.buffers import download
+    from accy_async.pipeline import PipelineLaunch, choose_format, launch_pipeline
+    from accy_async.waiting import wait_event, wait_stream
 
     rows: dict[str, Any] = {}
     backend = CudaBackend()
@@ -1297,7 +1302,7 @@ def parse_size_range(text: str) -> tuple[int, int]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line's options."""
     parser = argparse.ArgumentParser(
-        prog="python -m accy_async.bench.workload", description=__doc__.splitlines()[0]
+        prog="python -m accy_bench.workload", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for the results")
     parser.add_argument("--quick", action="store_true", help="a fifth of the trials and requests")

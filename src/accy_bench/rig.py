@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..backends.cuda.driver import driver, initialised_driver
+from accy_async.backends.cuda.driver import driver, initialised_driver
 
 __all__ = ["BATCH", "KERNELS", "Rig", "ok", "run_on"]
 
@@ -59,7 +59,7 @@ class Rig:
     """A raw driver set-up for the anchors: context, stream, module, mapped stamp."""
 
     def __init__(self) -> None:
-        from ..backends.cuda.nvrtc import compile_source
+        from accy_async.backends.cuda.nvrtc import compile_source
 
         d = initialised_driver()
         self.device = ok(d.cuDeviceGet(0), "cuDeviceGet")

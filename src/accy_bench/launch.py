@@ -11,7 +11,8 @@ from typing import Any
 
 import msgspec
 
-from ..backends.cuda.driver import driver
+from accy_async.backends.cuda.driver import driver
+
 from .rig import BATCH, KERNELS, Rig
 
 __all__ = ["launch_accy", "launch_anchors"]
@@ -159,17 +160,17 @@ def _optional_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
 
 async def launch_accy(repeat: int) -> dict[str, Any]:
     """accy-async's launch paths on its CUDA backend."""
-    from .. import plan as p
-    from ..backends import open_backend
-    from ..graph import launch_graph
-    from ..kernels import SlotBinding, load_kernels
-    from ..pipeline import (
+    from accy_async import plan as p
+    from accy_async.backends import open_backend
+    from accy_async.graph import launch_graph
+    from accy_async.kernels import SlotBinding, load_kernels
+    from accy_async.pipeline import (
         PipelineLaunch,
         allocate_pipeline_intermediates,
         launch_pipeline,
         load_pipeline_artifacts,
     )
-    from ..waiting import wait_stream
+    from accy_async.waiting import wait_stream
 
     rows: dict[str, Any] = {}
     empty = p.TextPayload(KERNELS)
@@ -348,9 +349,9 @@ async def _high_level_rows(
     repeat: int,
 ) -> dict[str, Any]:
     """``open_pipeline``'s call on CuPy arrays, 1 stage: enqueue only, and until complete."""
-    from .. import plan as p
-    from ..call import open_pipeline
-    from ..waiting import wait_stream
+    from accy_async import plan as p
+    from accy_async.call import open_pipeline
+    from accy_async.waiting import wait_stream
 
     rows: dict[str, Any] = {}
     try:

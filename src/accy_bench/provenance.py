@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..backends.cuda.driver import driver
+from accy_async.backends.cuda.driver import driver
+
 from .rig import Rig, ok
 
 __all__ = ["describe_run", "git_revision"]
@@ -85,7 +86,7 @@ def _versions() -> dict[str, str]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    from ..backends.cuda.nvrtc import nvrtc_version
+    from accy_async.backends.cuda.nvrtc import nvrtc_version
 
     versions["nvrtc"] = ".".join(map(str, nvrtc_version()))
     return versions
