@@ -3,8 +3,9 @@
 Read from the source with :mod:`ast`, so lazy imports inside functions count too;
 imports under ``if TYPE_CHECKING:`` do not (they run only for the type checker).
 The order is the one ``docs/architecture.md`` draws. ``accy_bench`` stands on top of
-the house: it imports from ``accy_async`` only what exists, and ``accy_async`` never
-imports it, but for the ``accy-async bench`` command's lazy import.
+the house: it imports from ``accy_async`` only public names that exist (the CUDA
+helper modules in its rig alone), and ``accy_async`` never imports it, but for the
+``accy-async bench`` command's lazy import.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -157,20 +159,52 @@ def _absolute_imports(path: Path) -> Iterator[tuple[str, str | None, int, str | 
         stack.extend((child, inner or function) for child in ast.iter_child_nodes(node))
 
 
+RAW_DRIVER: frozenset[str] = frozenset(
+    {"accy_async.backends.cuda.driver", "accy_async.backends.cuda.nvrtc"}
+)
+"""The CUDA backend's helper modules: for the raw anchors, through ``accy_bench.rig`` only."""
+
+
+def _public_module(module: str) -> bool:
+    return module.split(".")[0] == "accy_async" and not any(
+        part.startswith("_") for part in module.split(".")
+    )
+
+
 @pytest.mark.parametrize("path", BENCH_PATHS, ids=[_module_name(path) for path in BENCH_PATHS])
-def test_accy_bench_imports_from_accy_async_only_what_exists(path: Path) -> None:
+def test_accy_bench_imports_from_accy_async_only_public_names_that_exist(path: Path) -> None:
+    """From a public module, a name of its ``__all__`` or a public submodule; nothing else.
+
+    The raw-driver rig (``accy_bench.rig``) alone may use the CUDA helper modules.
+    """
+    own = _module_name(path)
     wrong = []
     for module, name, line, _ in _absolute_imports(path):
-        if not module.startswith("accy_async"):
+        if module.split(".")[0] != "accy_async":
             continue
+        if not _public_module(module):
+            wrong.append(f"line {line}: {module} is internal")
+            continue
+        if module in RAW_DRIVER and own != "accy_bench.rig":
+            wrong.append(f"line {line}: {module} is for the rig (accy_bench.rig) alone")
         try:
             imported = importlib.import_module(module)
         except ImportError:
             wrong.append(f"line {line}: no module {module}")
             continue
-        if name is not None and not hasattr(imported, name):
+        if name is None:
+            continue
+        if not hasattr(imported, name):
             wrong.append(f"line {line}: {module} has no {name}")
-    assert not wrong, f"{_module_name(path)}: " + "; ".join(wrong)
+        elif not (
+            name in getattr(imported, "__all__", ())
+            or (
+                isinstance(getattr(imported, name), ModuleType)
+                and _public_module(f"{module}.{name}")
+            )
+        ):
+            wrong.append(f"line {line}: {name} is not in {module}.__all__")
+    assert not wrong, f"{own}: " + "; ".join(wrong)
 
 
 def test_accy_async_never_imports_accy_bench_but_lazily_in_the_command() -> None:

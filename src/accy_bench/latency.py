@@ -13,9 +13,10 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from accy_async.backends.cuda.driver import driver
+from accy_async import wait_event, wait_read, wait_stream
+from accy_async.waiting import sleep_until
 
-from .rig import Rig, ok, run_on
+from .rig import Rig, driver, ok, run_on
 
 __all__ = ["Heartbeat", "run_latency"]
 
@@ -40,8 +41,6 @@ async def _trials(
     trials: int,
     launch_and_wait: Callable[[], Awaitable[None]],
 ) -> dict[str, Any]:
-    from accy_async._loops import sleep_until
-
     heartbeat = Heartbeat()
     latencies = []
     cpu = wall = 0.0
@@ -163,7 +162,6 @@ async def _latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> di
 
 async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
     from accy_async.backends.cuda import CudaBackend
-    from accy_async.waiting import wait_event, wait_read, wait_stream
 
     rows: dict[str, Any] = {}
     reactors: tuple[tuple[str, float, bool], ...] = (

@@ -43,26 +43,42 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from accy_async.backends.cuda.driver import driver
-from accy_async.plan import U32, U64, ArtifactFormat, ArtifactSpec, TextPayload
+from accy_async import (
+    U32,
+    U64,
+    ArtifactFormat,
+    ArtifactSpec,
+    PipelineLaunch,
+    allocate_pipeline_intermediates,
+    choose_format,
+    download,
+    launch_pipeline,
+    load_pipeline_artifacts,
+    wait_event,
+    wait_stream,
+)
+from accy_async.library import load_builtin
+from accy_async.plan import TextPayload
+from accy_async.waiting import sleep_until
 
 from .latency import Heartbeat
 from .provenance import describe_run, git_revision
-from .rig import Rig, ok, run_on
+from .rig import Rig, driver, ok, run_on
 
 if TYPE_CHECKING:
-    from accy_async.backends.base import (
+    from accy_async import (
         Backend,
         BufferBinding,
         BufferHandle,
-        DeviceObject,
         EventHandle,
         LoadedArtifact,
+        PipelineArtifactPool,
+        PipelineDocument,
+        PipelineIntermediates,
         StreamHandle,
     )
+    from accy_async.backends import DeviceObject
     from accy_async.backends.cuda import CudaBackend
-    from accy_async.pipeline import PipelineArtifactPool, PipelineIntermediates
-    from accy_async.plan import PipelineDocument
 
 __all__ = [
     "ACCY_METHODS",
@@ -420,7 +436,6 @@ class _Mapped:
     """The ``native`` of an external buffer: where the device sees mapped host memory."""
 
     address: int
-    base: int
 
 
 class MappedStamps:
@@ -432,7 +447,7 @@ class MappedStamps:
         self.byte_size = 8 * count
         self.host = int(ok(d.cuMemHostAlloc(self.byte_size, flags), "host alloc"))
         device = int(ok(d.cuMemHostGetDevicePointer(self.host, 0), "device pointer"))
-        self.native = _Mapped(device, device)
+        self.native = _Mapped(device)
         ctypes.memset(self.host, 0, self.byte_size)
 
     def slot(self, index: int) -> ctypes.c_uint64:
@@ -501,8 +516,6 @@ async def _poll_yield(event: Any, stream: Any) -> None:
 
 
 async def _poll_timer(event: Any, stream: Any) -> None:
-    from accy_async._loops import sleep_until
-
     d = driver()
     ok(d.cuEventRecord(event, stream), "record")
     not_ready = d.CUresult.CUDA_ERROR_NOT_READY
@@ -576,8 +589,6 @@ def _accy_target(
 
 
 def _accy_waiter(backend: CudaBackend, event: EventHandle, method: AccyMethod) -> Waiter:
-    from accy_async.waiting import wait_event, wait_stream
-
     policy = method.policy
     if method.on == "stream":
 
@@ -617,8 +628,6 @@ async def _trials(
     heartbeat: Heartbeat,
     samples: Samples,
 ) -> None:
-    from accy_async._loops import sleep_until
-
     async with anyio.create_task_group() as group:
         group.start_soon(heartbeat.run)
         for index, lengths in enumerate(trials):
@@ -651,7 +660,6 @@ async def _accy_completion(
     draws: dict[str, list[tuple[int, ...]]],
 ) -> Section:
     from accy_async.backends.cuda import CudaBackend
-    from accy_async.waiting import wait_stream
 
     rows: Section = {}
     async with contextlib.AsyncExitStack() as stack:
@@ -765,9 +773,6 @@ class _ScanService:
 
     async def request(self, lane: _Lane, n: int) -> tuple[int, int, bool]:
         """Scan ``n`` ones, stamp, read the last element: (resumed ns, stamp ns, it was ``n``)."""
-        from accy_async.buffers import download
-        from accy_async.pipeline import PipelineLaunch, launch_pipeline
-
         backend = self.backend
         lane.stamp.value = 0
         await launch_pipeline(
@@ -795,13 +800,6 @@ async def _open_scan_service(
 ) -> _ScanService:
     """Set the service up; ``stack`` releases everything, in order, when it closes."""
     from accy_async.backends.cuda import CudaBackend
-    from accy_async.library import load_builtin
-    from accy_async.pipeline import (
-        allocate_pipeline_intermediates,
-        choose_format,
-        load_pipeline_artifacts,
-    )
-    from accy_async.waiting import wait_stream
 
     stamps = MappedStamps(lanes)
     stack.callback(stamps.close)
@@ -1023,16 +1021,12 @@ _KERNEL_NS: Final = 50_000_000
 
 async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
     """Cancel each way of waiting 5 ms into a 50 ms kernel: how soon control comes back."""
-    from accy_async import library as builtins
     from accy_async.backends.cuda import CudaBackend
-    from accy_async.buffers import download
-    from accy_async.pipeline import PipelineLaunch, choose_format, launch_pipeline
-    from accy_async.waiting import wait_event, wait_stream
 
     rows: dict[str, Any] = {}
     backend = CudaBackend()
     try:
-        document = builtins.load_builtin("prefix_sum_i32")
+        document = load_builtin("prefix_sum_i32")
         fmt = choose_format(backend, document)
         loaded = await _load_spin_stamp(backend)
         stamp, x, y = (backend.allocate_buffer(4096) for _ in range(3))
