@@ -56,6 +56,7 @@ install-check:
 	build/install-check/venv/bin/python -m pip wheel --quiet --no-deps -w build/install-check .
 	build/install-check/venv/bin/python -m pip install --quiet build/install-check/*.whl
 	cd build/install-check && venv/bin/python -c "import accy_async; print(accy_async.__version__)"
+	cd build/install-check && venv/bin/python -c "import accy_bench.workload"
 	cd build/install-check && venv/bin/accy-async --version
 	cd build/install-check && venv/bin/accy-async demo -n 1000 --repeat 1 --quiet
 	cd build/install-check && venv/bin/accy-async validate prefix_sum_f32 prefix_sum_i32 \

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from accy_async.bench.workload import main
+from accy_bench.workload import main
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]

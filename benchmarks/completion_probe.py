@@ -31,8 +31,8 @@ import anyio
 import anyio.lowlevel
 
 from accy_async.backends.cuda.driver import driver, libc
-from accy_async.bench.rig import Rig
-from accy_async.bench.rig import ok as _ok
+from accy_bench.rig import Rig
+from accy_bench.rig import ok as _ok
 
 BATCH = 256
 

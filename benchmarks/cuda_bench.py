@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from accy_async.bench import main
+from accy_bench import main
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]

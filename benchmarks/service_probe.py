@@ -1,6 +1,6 @@
 """Why a loop serving 64 tasks lags, and where a wait's CPU goes: probes on asyncio.
 
-1. The scan service of ``accy_async.bench.workload`` serves small prefix sums
+1. The scan service of ``accy_bench.service`` serves small prefix sums
    with 64 tasks while every callback the loop runs is timed
    (``asyncio.events.Handle._run``) and a watchdog thread records the loop
    thread's stack whenever one callback has run for over 2 ms: the heartbeat's
@@ -29,8 +29,8 @@ from typing import Any
 
 from accy_async import waiting
 from accy_async._loops import _base
-from accy_async.bench import workload
-from accy_async.bench.rig import Rig, run_on
+from accy_bench import completion, service
+from accy_bench.rig import Rig, run_on
 
 
 @contextmanager
@@ -73,14 +73,12 @@ def variation(
     waiting.MAX_WATCHERS = watchers  # type: ignore[misc]
     _base.WAKE_CHUNK = chunk  # type: ignore[misc]
     _base.ADMITTED_PER_PASS = admitted  # type: ignore[misc]
-    small = workload.service_workloads(sizes, sizes, quick=True)[0]
+    small = service.service_workloads(sizes, sizes, quick=True)[0]
     record: list[tuple[float, str]] = []
     stacks: dict[str, int] = {}
-    max_n = workload.service_max_n(small.high, 64)
+    max_n = service.service_max_n(small.high, 64)
     with timed_callbacks(record, stacks):
-        section = run_on(
-            "asyncio", workload._accy_service_rows, rig, "asyncio", [small], [64], max_n
-        )
+        section = run_on("asyncio", service.accy_service_rows, rig, "asyncio", [small], [64], max_n)
     row = next(iter(section[small.name].values()))
     record.sort(reverse=True)
     return {
@@ -102,15 +100,15 @@ def variation(
 
 def profile_waits(rig: Rig, policy: str) -> list[str]:
     """The top functions (own time) of accy waits on random-length kernels."""
-    method = workload.AccyMethod(f"accy wait_event, {policy}", "event", policy)  # type: ignore[arg-type]
-    random_lengths = workload.COMPLETION_WORKLOADS[2]
-    draws = {random_lengths.name: workload.trial_lengths(random_lengths)[:60]}
+    method = completion.AccyMethod(f"accy wait_event, {policy}", "event", policy)  # type: ignore[arg-type]
+    random_lengths = completion.COMPLETION_WORKLOADS[2]
+    draws = {random_lengths.name: completion.trial_lengths(random_lengths)[:60]}
     profiler = cProfile.Profile()
 
     async def body() -> Any:
         profiler.enable()
         try:
-            return await workload._accy_completion(rig, "row", method, [random_lengths], draws)
+            return await completion.accy_completion(rig, "row", method, [random_lengths], draws)
         finally:
             profiler.disable()
 

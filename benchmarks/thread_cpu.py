@@ -14,8 +14,8 @@ from typing import Any
 import anyio
 
 from accy_async.backends.cuda import CudaBackend
-from accy_async.bench import Rig
 from accy_async.waiting import wait_event
+from accy_bench import Rig
 
 
 def thread_times() -> dict[str, float]:

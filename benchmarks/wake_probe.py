@@ -26,7 +26,7 @@ import anyio
 import anyio.lowlevel
 
 from accy_async.backends.cuda.driver import driver, libc
-from accy_async.bench import Rig
+from accy_bench import Rig
 
 
 def gil_probe(rig: Rig, blocking_sync: bool) -> dict[str, Any]:

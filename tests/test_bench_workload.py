@@ -1,4 +1,4 @@
-"""The application-workload benchmark's pure parts: statistics, rows, Markdown, options."""
+"""The application workloads' pure parts: statistics, workloads, rows, Markdown, options."""
 
 from __future__ import annotations
 
@@ -10,14 +10,30 @@ from typing import Any
 
 import pytest
 
-from accy_async.bench import workload as w
+from accy_bench.completion import (
+    COMPLETION_WORKLOADS,
+    completion_seconds,
+    quick_workloads,
+    trial_lengths,
+)
+from accy_bench.provenance import git_revision
+from accy_bench.report import COMPLETION_COLUMNS, markdown, sort_rows, table
+from accy_bench.service import (
+    CUPY_NOTE,
+    request_plan,
+    service_max_n,
+    service_workloads,
+    short_number,
+)
+from accy_bench.stats import ClockLine, Samples, failure, log_uniform, percentile
+from accy_bench.workload import parse_args, parse_size_range
 
 
 def test_importing_the_benchmark_loads_no_cuda() -> None:
     code = (
         "import sys, accy_async\n"
         "before = set(sys.modules)\n"
-        "import accy_async.bench.workload\n"
+        "import accy_bench.workload\n"
         "print(sorted(m for m in set(sys.modules) - before if m.startswith('cuda')))\n"
     )
     found = subprocess.run(
@@ -31,18 +47,18 @@ def test_importing_the_benchmark_loads_no_cuda() -> None:
 )
 def test_percentile_is_nearest_rank(fraction: float, expected: float) -> None:
     values = list(range(100, 0, -1))  # unsorted on purpose
-    assert w.percentile(values, fraction) == expected
+    assert percentile(values, fraction) == expected
 
 
 def test_percentile_of_few_values_and_of_none() -> None:
-    assert w.percentile([7.0], 0.99) == 7.0
-    assert w.percentile([1.0, 2.0, 3.0], 0.9) == 3.0
+    assert percentile([7.0], 0.99) == 7.0
+    assert percentile([1.0, 2.0, 3.0], 0.9) == 3.0
     with pytest.raises(ValueError, match="no values"):
-        w.percentile([], 0.5)
+        percentile([], 0.5)
 
 
 def test_samples_summarise_a_row() -> None:
-    samples = w.Samples()
+    samples = Samples()
     for latency in range(1, 101):
         samples.add(float(latency), cpu_s=0.001, wall_s=0.004)
     samples.add(None, wrong=True, cpu_s=0.001, wall_s=0.004)  # a stamp that never landed
@@ -58,7 +74,7 @@ def test_samples_summarise_a_row() -> None:
 
 
 def test_service_summary_adds_throughput() -> None:
-    samples = w.Samples(cpu_s=0.5, wall_s=2.0)
+    samples = Samples(cpu_s=0.5, wall_s=2.0)
     for latency in (10.0, 20.0, 30.0, 40.0):
         samples.add(latency)
     row = samples.service_summary(0.001)
@@ -68,97 +84,97 @@ def test_service_summary_adds_throughput() -> None:
 
 
 def test_an_empty_row_has_no_latencies() -> None:
-    row = w.Samples().summary(0.0)
+    row = Samples().summary(0.0)
     assert row["count"] == 0
     assert row["median_us"] is row["p99_us"] is row["cpu_cores"] is row["cpu_us_per_wait"] is None
 
 
 def test_clock_line_interpolates_the_offset() -> None:
-    line = w.ClockLine(start_ns=1_000, start_offset=100, end_ns=2_000, end_offset=300)
+    line = ClockLine(start_ns=1_000, start_offset=100, end_ns=2_000, end_offset=300)
     assert line.offset_at(1_000) == 100
     assert line.offset_at(1_500) == pytest.approx(200)
     assert line.offset_at(2_000) == pytest.approx(300)
     # resumed 1500, stamped 500 GPU ns: 1000 ns apart on the clocks, less the 200 offset
     assert line.latency_us(1_500, 500) == pytest.approx(0.8)
-    assert w.ClockLine(5, 40, 5, 90).offset_at(7) == 40.0
+    assert ClockLine(5, 40, 5, 90).offset_at(7) == 40.0
 
 
 def test_failure_names_the_first_leaf_of_a_group() -> None:
     group = ExceptionGroup("tasks", [ExceptionGroup("inner", [KeyError("x")]), ValueError()])
-    assert w.failure(group) == "failed: KeyError: 'x'"
-    assert w.failure(RuntimeError("boom")) == "failed: RuntimeError: boom"
+    assert failure(group) == "failed: KeyError: 'x'"
+    assert failure(RuntimeError("boom")) == "failed: RuntimeError: boom"
 
 
 def test_log_uniform_stays_in_range_and_spreads_over_decades() -> None:
     rng = random.Random(1)
-    values = [w.log_uniform(rng, 1_000, 1_000_000) for _ in range(2_000)]
+    values = [log_uniform(rng, 1_000, 1_000_000) for _ in range(2_000)]
     assert min(values) >= 1_000 and max(values) <= 1_000_000
     decades = [sum(10**k <= v < 10 ** (k + 1) for v in values) for k in (3, 4, 5)]
     assert all(500 < count < 800 for count in decades)
 
 
 def test_every_method_sees_the_same_lengths() -> None:
-    for workload in w.COMPLETION_WORKLOADS:
-        first, again = w.trial_lengths(workload), w.trial_lengths(workload)
+    for workload in COMPLETION_WORKLOADS:
+        first, again = trial_lengths(workload), trial_lengths(workload)
         assert first == again
         assert len(first) == workload.trials + 1  # the warm-up trial first
-    by_name = {workload.name: workload for workload in w.COMPLETION_WORKLOADS}
-    queued = w.trial_lengths(by_name["queued: 8 back-to-back on one stream"])
+    by_name = {workload.name: workload for workload in COMPLETION_WORKLOADS}
+    queued = trial_lengths(by_name["queued: 8 back-to-back on one stream"])
     assert all(len(lengths) == 8 for lengths in queued)
     assert all(50_000 <= ns <= 1_000_000 for lengths in queued for ns in lengths)
-    bimodal = {ns for (ns,) in w.trial_lengths(by_name["bimodal 100 us / 3 ms"])}
+    bimodal = {ns for (ns,) in trial_lengths(by_name["bimodal 100 us / 3 ms"])}
     assert bimodal == {100_000, 3_000_000}
-    assert w.trial_lengths(by_name["fixed 2 ms"])[5] == (2_000_000,)
+    assert trial_lengths(by_name["fixed 2 ms"])[5] == (2_000_000,)
     assert by_name["first wait on a fresh stream"].fresh_stream
 
 
 def test_the_completion_section_fits_its_time() -> None:
-    full = w.completion_seconds(w.COMPLETION_WORKLOADS, loops=3)
-    quick = w.completion_seconds(w.quick_workloads(w.COMPLETION_WORKLOADS), loops=3)
+    full = completion_seconds(COMPLETION_WORKLOADS, loops=3)
+    quick = completion_seconds(quick_workloads(COMPLETION_WORKLOADS), loops=3)
     assert 15 < full < 240
     assert quick < full / 3
-    assert all(q.trials >= 10 for q in w.quick_workloads(w.COMPLETION_WORKLOADS))
+    assert all(q.trials >= 10 for q in quick_workloads(COMPLETION_WORKLOADS))
 
 
 def test_service_sizes() -> None:
-    small, varied = w.service_workloads((1_000, 1_000_000), (100_000, 300_000_000))
+    small, varied = service_workloads((1_000, 1_000_000), (100_000, 300_000_000))
     assert small.name == "small: n log-uniform 1e3..1e6"
     assert varied.name == "varied: n log-uniform 1e5..3e8"
-    quick_small, _ = w.service_workloads((1_000, 1_000_000), (100_000, 300_000_000), quick=True)
+    quick_small, _ = service_workloads((1_000, 1_000_000), (100_000, 300_000_000), quick=True)
     assert quick_small.requests < small.requests
-    assert w.service_max_n(300_000_000, 64) == 300_000_000  # 65 x 1.2 GB fits in 100 GB
-    assert w.service_max_n(300_000_000, 64, budget=26 * 10**9) == 100_000_000
-    plan = w.request_plan(varied, 64, 300_000_000)
+    assert service_max_n(300_000_000, 64) == 300_000_000  # 65 x 1.2 GB fits in 100 GB
+    assert service_max_n(300_000_000, 64, budget=26 * 10**9) == 100_000_000
+    plan = request_plan(varied, 64, 300_000_000)
     assert len(plan) == 64 and {len(sizes) for sizes in plan} == {varied.requests // 64}
     assert all(100_000 <= n <= 300_000_000 for sizes in plan for n in sizes)
-    assert plan == w.request_plan(varied, 64, 300_000_000)
+    assert plan == request_plan(varied, 64, 300_000_000)
     assert plan[0] != plan[1]
-    assert len(w.request_plan(small, 1, 1_000_000)[0]) == small.requests
+    assert len(request_plan(small, 1, 1_000_000)[0]) == small.requests
 
 
 @pytest.mark.parametrize(
     ("value", "text"), [(1_000, "1e3"), (300_000_000, "3e8"), (1_500, "1.5e3"), (7, "7e0")]
 )
 def test_short_numbers(value: int, text: str) -> None:
-    assert w.short_number(value) == text
-    assert w.parse_size_range(f"{text}..{text}") == (value, value)
+    assert short_number(value) == text
+    assert parse_size_range(f"{text}..{text}") == (value, value)
 
 
 def test_parse_size_range() -> None:
-    assert w.parse_size_range("1e3..1e6") == (1_000, 1_000_000)
-    assert w.parse_size_range("100..300000000") == (100, 300_000_000)
+    assert parse_size_range("1e3..1e6") == (1_000, 1_000_000)
+    assert parse_size_range("100..300000000") == (100, 300_000_000)
     for bad in ("1e6..1e3", "0..10", "1e3", "a..b", "1e3..1e10", "1..inf"):
         with pytest.raises(argparse.ArgumentTypeError):
-            w.parse_size_range(bad)
+            parse_size_range(bad)
 
 
 def test_parse_args_defaults_and_choices() -> None:
-    defaults = w.parse_args([])
+    defaults = parse_args([])
     assert defaults.libraries == ["asyncio", "uvloop", "trio"]
     assert defaults.sections == ["completion", "service", "cancellation"]
     assert (defaults.small, defaults.varied) == ((1_000, 1_000_000), (100_000, 300_000_000))
     assert defaults.tasks == [1, 64] and not defaults.quick
-    chosen = w.parse_args(
+    chosen = parse_args(
         [
             *("--quick", "--libraries", "trio", "--sections", "service"),
             *("--varied", "1e4..2e5", "--tasks", "4", "--out", "results"),
@@ -175,7 +191,7 @@ def test_parse_args_defaults_and_choices() -> None:
 )
 def test_parse_args_refuses(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        w.parse_args(argv)
+        parse_args(argv)
     assert "error" in capsys.readouterr().err
 
 
@@ -184,7 +200,7 @@ def test_git_revision_without_git(monkeypatch: pytest.MonkeyPatch) -> None:
         raise FileNotFoundError("git")
 
     monkeypatch.setattr(subprocess, "run", missing)
-    assert w.git_revision() == {"commit": None, "dirty": None}
+    assert git_revision() == {"commit": None, "dirty": None}
 
 
 def _row(p99: float, lag_ms: float, **extra: Any) -> dict[str, Any]:
@@ -221,7 +237,7 @@ def _result() -> dict[str, Any]:
         "service": {
             "small: n log-uniform 1e3..1e6": {
                 "CuPy cumsum via to_thread, 64 tasks (asyncio)": _row(
-                    21_000.0, 4.0, requests_per_s=2800.0, note=w.CUPY_NOTE
+                    21_000.0, 4.0, requests_per_s=2800.0, note=CUPY_NOTE
                 ),
                 "accy launch_pipeline + download, 64 tasks (asyncio)": _row(
                     900.0, 1.0, requests_per_s=30_000.0
@@ -233,7 +249,7 @@ def _result() -> dict[str, Any]:
 
 def test_rows_sort_accy_first_keeping_order() -> None:
     rows = _result()["completion"]["fixed 100 us"]
-    assert w.sort_rows(rows) == [
+    assert sort_rows(rows) == [
         "accy wait_event, balanced (default) (asyncio)",
         "accy wait_event, policy latency (trio)",
         "poll cuEventQuery + yield (the floor, burns a core) (asyncio)",
@@ -242,7 +258,7 @@ def test_rows_sort_accy_first_keeping_order() -> None:
 
 
 def test_markdown_tables() -> None:
-    text = w.markdown(_result())
+    text = markdown(_result())
     lines = text.splitlines()
     assert lines[0] == "# accy-async application workloads on NVIDIA H200 (sm_90)"
     assert "commit 0123456789ab (with uncommitted changes)" in text
@@ -250,7 +266,7 @@ def test_markdown_tables() -> None:
     assert "## Completion latency" in text and "## Scan service" in text
     assert "### fixed 100 us" in text and "### small: n log-uniform 1e3..1e6" in text
     header = next(line for line in lines if line.startswith("| way of waiting |"))
-    assert header.count("|") == len(w.COMPLETION_COLUMNS) + 3
+    assert header.count("|") == len(COMPLETION_COLUMNS) + 3
     table = [line for line in lines if line.startswith("| ") and "(asyncio)" in line]
     assert table[0].startswith("| accy wait_event, balanced (default) (asyncio) | 150 | 20.0 |")
     floor = next(line for line in lines if line.startswith("| poll cuEventQuery"))
@@ -262,7 +278,7 @@ def test_markdown_tables() -> None:
     assert failed.endswith("failed: TypeError: nope |")
     assert failed.count("|") == header.count("|")
     cupy = next(line for line in lines if line.startswith("| CuPy"))
-    assert "| 2800 |" in cupy and w.CUPY_NOTE in cupy and "**worst p99**" in cupy
+    assert "| 2800 |" in cupy and CUPY_NOTE in cupy and "**worst p99**" in cupy
     service = [line for line in lines if line.startswith("| accy launch_pipeline")]
     assert service[0].startswith("| accy launch_pipeline + download, 64 tasks (asyncio) | 150 |")
     assert lines.index(service[0]) < lines.index(cupy)
@@ -273,13 +289,13 @@ def test_markdown_of_one_section_and_a_clean_tree() -> None:
     del result["service"]
     result["git"] = {"commit": None, "dirty": None}
     result["quick"] = False
-    text = w.markdown(result)
+    text = markdown(result)
     assert "unknown commit;" in text and "quick" not in text
     assert "## Scan service" not in text
 
 
 def test_marks_need_two_different_values() -> None:
     rows = {"accy a": _row(10.0, 1.0), "b": _row(10.0, 1.0), "c": "unavailable: no CuPy"}
-    text = "\n".join(w.table(rows, w.COMPLETION_COLUMNS, "way of waiting"))
+    text = "\n".join(table(rows, COMPLETION_COLUMNS, "way of waiting"))
     assert "**worst" not in text and "best " not in text
-    assert "| c |" + " |" * len(w.COMPLETION_COLUMNS) + " unavailable: no CuPy |" in text
+    assert "| c |" + " |" * len(COMPLETION_COLUMNS) + " unavailable: no CuPy |" in text

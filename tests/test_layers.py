@@ -2,14 +2,21 @@
 
 Read from the source with :mod:`ast`, so lazy imports inside functions count too;
 imports under ``if TYPE_CHECKING:`` do not (they run only for the type checker).
-The order is the one ``docs/architecture.md`` draws.
+The order is the one ``docs/architecture.md`` draws. ``accy_bench`` stands on top of
+the house: it imports from ``accy_async`` only public names that exist (the CUDA
+helper modules in its rig alone), and ``accy_async`` never imports it, but for the
+``accy-async bench`` command's lazy import.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -26,7 +33,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("buffers", "interop", "arrays", "call", "_call_intake", "_call_lane"),
     ("tuning",),
     (
-        "bench",
         "cli",
         "cli_arguments",
         "cli_trust",
@@ -130,3 +136,112 @@ def test_no_module_imports_itself_round_about() -> None:
     for module in sorted(graph):
         if not state.get(module):
             visit(module, [module])
+
+
+# ----- accy_bench: a package on top of the house -------------------------------------------
+
+BENCH_PATHS = sorted((SOURCE / "accy_bench").rglob("*.py"))
+
+BENCH_IMPORTERS: frozenset[tuple[str, str]] = frozenset({("accy_async.cli", "main")})
+"""(module, function) of the one place ``accy_async`` may import ``accy_bench``: the
+``accy-async bench`` command, lazily, inside :func:`accy_async.cli.main` (the command line
+is the top layer; nothing else, and nothing at module level, may reach the benchmarks)."""
+
+
+def _absolute_imports(path: Path) -> Iterator[tuple[str, str | None, int, str | None]]:
+    """Every absolute import in ``path``, ``TYPE_CHECKING`` ones too.
+
+    Yields (module, name imported from it or ``None`` for ``import module``, line, the
+    function it sits in or ``None`` at module level).
+    """
+    tree = ast.parse(path.read_text())
+    stack: list[tuple[ast.AST, str | None]] = [(tree, None)]
+    while stack:
+        node, function = stack.pop()
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                yield node.module, alias.name, node.lineno, function
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None, node.lineno, function
+        inner = node.name if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else None
+        stack.extend((child, inner or function) for child in ast.iter_child_nodes(node))
+
+
+RAW_DRIVER: frozenset[str] = frozenset(
+    {"accy_async.backends.cuda.driver", "accy_async.backends.cuda.nvrtc"}
+)
+"""The CUDA backend's helper modules: for the raw anchors, through ``accy_bench.rig`` only."""
+
+
+def _public_module(module: str) -> bool:
+    return module.split(".")[0] == "accy_async" and not any(
+        part.startswith("_") for part in module.split(".")
+    )
+
+
+@pytest.mark.parametrize("path", BENCH_PATHS, ids=[_module_name(path) for path in BENCH_PATHS])
+def test_accy_bench_imports_from_accy_async_only_public_names_that_exist(path: Path) -> None:
+    """From a public module, a name of its ``__all__`` or a public submodule; nothing else.
+
+    The raw-driver rig (``accy_bench.rig``) alone may use the CUDA helper modules.
+    """
+    own = _module_name(path)
+    wrong = []
+    for module, name, line, _ in _absolute_imports(path):
+        if module.split(".")[0] != "accy_async":
+            continue
+        if not _public_module(module):
+            wrong.append(f"line {line}: {module} is internal")
+            continue
+        if module in RAW_DRIVER and own != "accy_bench.rig":
+            wrong.append(f"line {line}: {module} is for the rig (accy_bench.rig) alone")
+        try:
+            imported = importlib.import_module(module)
+        except ImportError:
+            wrong.append(f"line {line}: no module {module}")
+            continue
+        if name is None:
+            continue
+        if not hasattr(imported, name):
+            wrong.append(f"line {line}: {module} has no {name}")
+        elif not (
+            name in getattr(imported, "__all__", ())
+            or (
+                isinstance(getattr(imported, name), ModuleType)
+                and _public_module(f"{module}.{name}")
+            )
+        ):
+            wrong.append(f"line {line}: {name} is not in {module}.__all__")
+    assert not wrong, f"{own}: " + "; ".join(wrong)
+
+
+def test_accy_async_never_imports_accy_bench_but_lazily_in_the_command() -> None:
+    found = {
+        (_module_name(path), function)
+        for path in PATHS
+        for module, _, _, function in _absolute_imports(path)
+        if module.split(".")[0] == "accy_bench"
+    }
+    assert found == BENCH_IMPORTERS, (
+        "accy_async imports accy_bench only inside cli.main (the `accy-async bench` "
+        f"command, lazily); found {sorted(found, key=str)}"
+    )
+
+
+def test_importing_all_of_accy_async_loads_no_benchmark() -> None:
+    modules = [
+        _module_name(path)
+        for path in PATHS
+        if path.stem not in ("__main__", "nvrtc_worker")  # scripts, run as processes
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'accy_bench'))\n"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert found.strip() == "[]"

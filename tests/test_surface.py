@@ -19,9 +19,12 @@ import pytest
 import accy_async
 
 SOURCE = Path(__file__).parent.parent / "src"
+PACKAGES = ("accy_async", "accy_bench")
+"""The distribution's packages: the library, and the benchmarks built on it."""
 MODULES = sorted(
     ".".join(path.relative_to(SOURCE).with_suffix("").parts).removesuffix(".__init__")
-    for path in (SOURCE / "accy_async").rglob("*.py")
+    for package in PACKAGES
+    for path in (SOURCE / package).rglob("*.py")
     if path.stem not in ("__main__", "nvrtc_worker")  # scripts, run as processes
 )
 

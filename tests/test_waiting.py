@@ -14,7 +14,7 @@ import pytest
 import accy_async as accy
 from accy_async.backends import Anticipation
 from accy_async.testing import live_after_drain
-from accy_async.waiting import MAX_WATCHERS, CompletionLatch, wait_completion
+from accy_async.waiting import MAX_WATCHERS, CompletionLatch, sleep_until, wait_completion
 
 from .conftest import EVERY_LOOP
 from .heartbeat import Heartbeat
@@ -119,6 +119,17 @@ async def test_a_cancelled_wait_withdraws_its_callback() -> None:
     backend.complete_all()  # a late completion reaches nobody and breaks nothing
     backend.destroy_all([event, stream])
     await backend.aclose()
+
+
+async def test_sleep_until_wakes_at_its_instant_and_is_cancellable() -> None:
+    for delay in (0.0003, 0.002, -1.0):  # below the selector's millisecond, above, past
+        when = time.perf_counter() + delay
+        with anyio.fail_after(5):
+            await sleep_until(when)
+        assert time.perf_counter() >= when
+    with anyio.move_on_after(0.005) as scope:
+        await sleep_until(time.perf_counter() + 60)
+    assert scope.cancelled_caught
 
 
 async def test_completion_from_another_thread_wakes_the_waiter() -> None:

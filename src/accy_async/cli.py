@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for a user's mistake, 130 on Ctrl-C)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["bench"]:
-        from .bench import main as bench_main
+        from accy_bench import main as bench_main  # the benchmarks: a package above this one
 
         return _report(lambda: bench_main(arguments[1:]))
     args = parser().parse_args(arguments)

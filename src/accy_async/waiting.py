@@ -72,6 +72,7 @@ __all__ = [
     "MAX_WATCHERS",
     "CompletionLatch",
     "release_when_idle",
+    "sleep_until",
     "synchronize",
     "wait_completion",
     "wait_event",
@@ -166,6 +167,18 @@ def wait_completion(register: _loops.Register) -> Coroutine[Any, Any, None]:
     is a checkpoint either way). Cancelling the wait withdraws the callback.
     """
     return _loops.current().wait(register)
+
+
+def sleep_until(when: float) -> Coroutine[Any, Any, None]:
+    """Sleep until the :func:`time.perf_counter` instant ``when``, on the loop's precise clock.
+
+    The clock the waits themselves sleep on: asyncio and trio round a timer
+    below a millisecond up to their selector's millisecond; this one does not.
+    For pacing finer than that (a poll's period, a benchmark's gap between
+    trials). Await it on an asyncio (uvloop too) or trio loop; cancelling it
+    withdraws the alarm.
+    """
+    return _loops.sleep_until(when)
 
 
 class CompletionLatch(Completion):

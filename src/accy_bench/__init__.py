@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks and write ``bench.json`` and ``bench.md`` to ``--out``.
 
     ``accy-async bench workload ...`` runs the application workloads instead
-    (:mod:`accy_async.bench.workload`).
+    (:mod:`accy_bench.workload`).
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["workload"]:

@@ -13,8 +13,10 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..backends.cuda.driver import driver
-from .rig import Rig, ok, run_on
+from accy_async import wait_event, wait_read, wait_stream
+from accy_async.waiting import sleep_until
+
+from .rig import Rig, driver, ok, run_on
 
 __all__ = ["Heartbeat", "run_latency"]
 
@@ -39,8 +41,6 @@ async def _trials(
     trials: int,
     launch_and_wait: Callable[[], Awaitable[None]],
 ) -> dict[str, Any]:
-    from .._loops import sleep_until
-
     heartbeat = Heartbeat()
     latencies = []
     cpu = wall = 0.0
@@ -161,8 +161,7 @@ async def _latency_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> di
 
 
 async def _accy_rows(rig: Rig, spin_ns: int, trials: int, library: str) -> dict[str, Any]:
-    from ..backends.cuda import CudaBackend
-    from ..waiting import wait_event, wait_read, wait_stream
+    from accy_async.backends.cuda import CudaBackend
 
     rows: dict[str, Any] = {}
     reactors: tuple[tuple[str, float, bool], ...] = (

@@ -11,9 +11,22 @@ from typing import Any
 
 import msgspec
 
-from ..backends import LaunchConfig
-from ..backends.cuda.driver import driver
-from .rig import BATCH, KERNELS, Rig
+from accy_async import (
+    LaunchConfig,
+    PipelineLaunch,
+    SlotBinding,
+    allocate_pipeline_intermediates,
+    launch_graph,
+    launch_pipeline,
+    load_kernels,
+    load_pipeline_artifacts,
+    open_backend,
+    open_pipeline,
+    wait_stream,
+)
+from accy_async import plan as p
+
+from .rig import BATCH, KERNELS, Rig, driver
 
 __all__ = ["launch_accy", "launch_anchors"]
 
@@ -160,18 +173,6 @@ def _optional_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
 
 async def launch_accy(repeat: int) -> dict[str, Any]:
     """accy-async's launch paths on its CUDA backend."""
-    from .. import plan as p
-    from ..backends import open_backend
-    from ..graph import launch_graph
-    from ..kernels import SlotBinding, load_kernels
-    from ..pipeline import (
-        PipelineLaunch,
-        allocate_pipeline_intermediates,
-        launch_pipeline,
-        load_pipeline_artifacts,
-    )
-    from ..waiting import wait_stream
-
     rows: dict[str, Any] = {}
     empty = p.TextPayload(KERNELS)
     async with open_backend("cuda") as backend:
@@ -202,7 +203,7 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
 
         d = driver()
         raw_launch = d.cuLaunchKernel
-        native = loaded.native
+        native = loaded.native  # its CUfunction and packed arguments (accy_async.backends.cuda)
         backend.launch(
             loaded, buffers, scalars, LaunchConfig((1, 1, 1), (32, 1, 1)), stream=stream
         )  # packs
@@ -353,10 +354,6 @@ async def _high_level_rows(
     repeat: int,
 ) -> dict[str, Any]:
     """``open_pipeline``'s call on CuPy arrays, 1 stage: enqueue only, and until complete."""
-    from .. import plan as p
-    from ..call import open_pipeline
-    from ..waiting import wait_stream
-
     rows: dict[str, Any] = {}
     try:
         import cupy

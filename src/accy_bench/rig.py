@@ -3,6 +3,11 @@
 ``spin_then_stamp`` runs for a given number of nanoseconds of ``%globaltimer``
 and writes its end time to host-mapped memory; :meth:`Rig.calibrate` relates the
 GPU and host clocks, so latencies measured against the stamp exclude launch time.
+
+The one module of ``accy_bench`` that uses the CUDA backend's helper modules
+(:mod:`accy_async.backends.cuda.driver` and :mod:`~accy_async.backends.cuda.nvrtc`):
+the other modules call the driver for their anchors through :func:`driver`, from
+here, and use accy-async's public API for the rest.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..backends.cuda.driver import driver, initialised_driver
+from accy_async.backends.cuda.driver import driver, initialised_driver
+from accy_async.backends.cuda.nvrtc import compile_source, nvrtc_version
 
-__all__ = ["BATCH", "KERNELS", "Rig", "ok", "run_on"]
+__all__ = ["BATCH", "KERNELS", "Rig", "driver", "nvrtc_version", "ok", "run_on"]
 
 T = TypeVar("T")
 
@@ -59,8 +65,6 @@ class Rig:
     """A raw driver set-up for the anchors: context, stream, module, mapped stamp."""
 
     def __init__(self) -> None:
-        from ..backends.cuda.nvrtc import compile_source
-
         d = initialised_driver()
         self.device = ok(d.cuDeviceGet(0), "cuDeviceGet")
         self.context = ok(d.cuDevicePrimaryCtxRetain(self.device), "retain")

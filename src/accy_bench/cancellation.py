@@ -1,0 +1,118 @@
+"""The cancellation section: how soon each way of waiting gives control back when cancelled.
+
+Another task cancels the caller's scope 5 ms into a 50 ms kernel; the row is the
+microseconds until ``wait_event``, ``wait_stream``, ``download`` or
+``launch_pipeline`` has returned (what the device still uses goes to deferred
+release).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, Final
+
+import anyio
+import numpy as np
+
+from accy_async import (
+    U32,
+    U64,
+    PipelineLaunch,
+    choose_format,
+    download,
+    launch_pipeline,
+    wait_event,
+    wait_stream,
+)
+from accy_async.library import load_builtin
+
+from .rig import run_on
+from .stamps import ONE, load_spin_stamp
+from .stats import Samples, Section, guarded
+
+__all__ = ["cancellation_section"]
+
+_CANCELLED_WAYS: Final = ("wait_event", "wait_stream", "download", "launch_pipeline")
+"""The ways of waiting cancelled; the pipeline owns its scratch and kernels (no pool given)."""
+
+_CANCEL_AFTER_S: Final = 5e-3
+_KERNEL_NS: Final = 50_000_000
+_CANCELLATION_WORKLOAD: Final = "cancelled 5 ms into a 50 ms kernel"
+
+
+async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
+    """Cancel each way of waiting 5 ms into a 50 ms kernel: how soon control comes back."""
+    from accy_async.backends.cuda import CudaBackend
+
+    rows: dict[str, Any] = {}
+    backend = CudaBackend()
+    try:
+        document = load_builtin("prefix_sum_i32")
+        fmt = choose_format(backend, document)
+        loaded = await load_spin_stamp(backend)
+        stamp, x, y = (backend.allocate_buffer(4096) for _ in range(3))
+        stream, event = backend.create_stream(), backend.create_event()
+        request = PipelineLaunch(
+            pipeline=document.pipeline,
+            registry=document.registry,
+            format=fmt,
+            operands=[x.bind("read_only")],
+            results=[y.bind()],
+            runtime_scalar_arguments=(U32(1024),),
+            stream=stream,
+        )
+        ways: dict[str, Callable[[], Awaitable[Any]]] = {
+            "wait_event": lambda: wait_event(backend, event),
+            "wait_stream": lambda: wait_stream(backend, stream),
+            "download": lambda: download(backend, y, np.int32, 1, stream=stream),
+            "launch_pipeline": lambda: launch_pipeline(backend, request),
+        }
+        for way, wait in ways.items():
+            samples = Samples()
+            for _ in range(trials):
+                backend.launch(loaded, [stamp.bind()], [U64(_KERNEL_NS)], ONE, stream=stream)
+                backend.record_event(event, stream)
+                cancelled_at = [0.0]
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(_cancel_later, scope, cancelled_at)
+                        await wait()
+                returned = time.perf_counter()
+                samples.add((returned - cancelled_at[0]) * 1e6, wrong=not scope.cancelled_caught)
+                await wait_stream(backend, stream)
+            rows[f"accy {way}, cancelled ({library})"] = samples.summary(0.0)
+        backend.destroy_all([loaded, stamp, x, y, stream, event])
+    finally:
+        await backend.aclose()
+    return rows
+
+
+async def _cancel_later(scope: anyio.CancelScope, cancelled_at: list[float]) -> None:
+    await anyio.sleep(_CANCEL_AFTER_S)
+    cancelled_at[0] = time.perf_counter()
+    scope.cancel()
+
+
+def cancellation_section(libraries: Sequence[str], trials: int) -> Section:
+    """Each way of waiting, cancelled ``trials`` times, on each library's event loop in turn."""
+    rows: dict[str, Any] = {}
+    for library in libraries:
+        print(f"cancellation on {library}", file=sys.stderr, flush=True)
+        measure = partial(_cancellation_rows, library, trials)
+        names = [f"accy {way}, cancelled ({library})" for way in _CANCELLED_WAYS]
+        shape = {_CANCELLATION_WORKLOAD: names}
+        part = run_on(library, guarded, shape, _wrap_rows(measure))
+        rows.update(part[_CANCELLATION_WORKLOAD])
+    return {_CANCELLATION_WORKLOAD: rows}
+
+
+def _wrap_rows(
+    measure: Callable[[], Awaitable[dict[str, Any]]],
+) -> Callable[[], Awaitable[Section]]:
+    async def section() -> Section:
+        return {_CANCELLATION_WORKLOAD: await measure()}
+
+    return section
