@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
-import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
@@ -36,12 +34,11 @@ import numpy as np
 
 from ...errors import (
     DeviceFault,
-    InvalidArtifact,
     InvalidBuffer,
     RuntimeUnavailable,
     UnsupportedOperation,
 )
-from ...plan import ArtifactFormat, ArtifactSpec, BinaryPayload, ScalarArgument, TextPayload
+from ...plan import ArtifactFormat, ArtifactSpec, ScalarArgument
 from .._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
 from .._device_info import DeviceIdentity, Limits, WaitPolicy
 from .._handles import (
@@ -59,13 +56,14 @@ from .._launcher import StageLauncher
 from .._marks import PendingRead, StreamMark
 from ..base import Backend
 from ..forecast import Anticipation, byte_features
+from ._artifacts import create_artifact, load_kernel
 from ._device import DeviceState
 from ._launch import CudaStageLauncher, Kernel
 from ._marks import CudaRead, CudaStreamMark
 from ._memory import Allocation
 from .compile_pool import CompilePool, shared_compile_pool
 from .driver import driver, initialised_driver, probe_cuda, translate
-from .nvrtc import compile_source, nvrtc_version
+from .nvrtc import nvrtc_version
 
 __all__ = ["CudaBackend", "probe_cuda"]
 
@@ -339,28 +337,7 @@ class CudaBackend(Backend):
     # ----- artifacts -----------------------------------------------------------------------
 
     async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact:
-        payload = spec.payload
-        if spec.format is ArtifactFormat.CUDA_SOURCE:
-            assert isinstance(payload, TextPayload)
-            arguments = (
-                payload.text,
-                spec.kernel_name,
-                spec.compile_options,
-                self._compute_capability,
-            )
-            if self._compile_pool is not None:
-                compiled = await self._compile_pool.compile(*arguments)
-            else:
-                # Cancelled, the caller leaves at once; the compile finishes unseen (cached).
-                compiled = await anyio.to_thread.run_sync(
-                    compile_source, *arguments, abandon_on_cancel=True
-                )
-            return KernelArtifact(spec, compiled.image, compiled.kind)
-        if spec.format is ArtifactFormat.CUDA_PTX:
-            assert isinstance(payload, TextPayload)
-            return KernelArtifact(spec, payload.text.encode() + b"\0", "ptx")
-        assert isinstance(payload, BinaryPayload)
-        return KernelArtifact(spec, payload.data, "cubin")
+        return await create_artifact(spec, self._compute_capability, self._compile_pool)
 
     @contextlib.asynccontextmanager
     async def parallel_compilation(self, workers: int) -> AsyncIterator[None]:
@@ -379,48 +356,7 @@ class CudaBackend(Backend):
             self._compile_pool = None
 
     async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
-        context = self._context
-        name = artifact.spec.kernel_name
-
-        lock = threading.Lock()
-        state: dict[str, Any] = {}
-
-        def load() -> tuple[Any, Any]:
-            d = driver()
-            d.cuCtxSetCurrent(context)
-            result, module = d.cuModuleLoadData(artifact.image)
-            if int(result):
-                raise translate(result, f"loading {name} ({artifact.image_format})")
-            result, function = d.cuModuleGetFunction(module, name.encode())
-            if int(result):
-                d.cuModuleUnload(module)
-                raise InvalidArtifact(f"the module has no kernel named {name!r}")
-            with lock:
-                if state.get("abandoned"):  # the caller was cancelled: nobody will unload it
-                    d.cuModuleUnload(module)
-                else:
-                    state["loaded"] = module
-            return module, function
-
-        try:
-            module, function = await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
-        except BaseException:
-            # Cancelled while the worker thread loads: the caller leaves at once, and whichever
-            # of the two finishes last unloads the module.
-            with lock:
-                state["abandoned"] = True
-                loaded = state.pop("loaded", None)
-            if loaded is not None:
-                driver().cuModuleUnload(loaded)
-            raise
-        image = artifact.image if isinstance(artifact.image, bytes) else bytes(artifact.image)
-        key = (name, hashlib.blake2b(image, digest_size=16).digest())
-        return Kernel(
-            module,
-            function,
-            artifact.spec.argument_count,
-            self._device_state.forecast.model(key, name),
-        )
+        return await load_kernel(self._context, artifact, self._device_state.forecast)
 
     # ----- streams and events --------------------------------------------------------------
 
