@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeAlias
 from ..errors import RuntimeUnavailable
 from ._completion import Completion, CompletionCallback, CompletionRegistration
 from ._device_info import DeviceIdentity, Limits, WaitPolicy
+from ._graph_exec import GraphExec, GraphNode, NodeArguments
 from ._handles import (
     DEFAULT_ALIGNMENT,
     Access,
@@ -64,10 +65,13 @@ __all__ = [
     "DeviceObject",
     "EventHandle",
     "FaultKind",
+    "GraphExec",
+    "GraphNode",
     "KernelArtifact",
     "LaunchConfig",
     "Limits",
     "LoadedArtifact",
+    "NodeArguments",
     "Ownership",
     "PendingRead",
     "RecordedLaunch",

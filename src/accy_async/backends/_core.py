@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import DeviceFault, InvalidBuffer
 from ._device_info import Limits
+from ._graph_exec import GraphExec
 from ._handles import (
     BufferBinding,
     BufferHandle,
@@ -107,6 +108,9 @@ class BackendCore(BackendPrimitives):
             raise InvalidBuffer("the default stream cannot be destroyed")
         self._registry.remove(obj)
         if isinstance(obj, BufferHandle) and obj.ownership is Ownership.EXTERNAL:
+            return
+        if isinstance(obj, GraphExec):
+            self._destroy_graph(obj)
             return
         if isinstance(obj, StreamHandle):
             raw = raw_handle_of(obj)

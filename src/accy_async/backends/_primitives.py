@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from ..errors import DeviceFault, UnsupportedOperation
 from ..plan import ArtifactSpec, ScalarArgument
 from ._completion import CompletionCallback, CompletionRegistration
+from ._graph_exec import GraphExec, GraphNode, NodeArguments
 from ._handles import (
     BufferBinding,
     BufferHandle,
@@ -161,3 +162,22 @@ class BackendPrimitives(abc.ABC):
         """A mark of ``stream``'s work so far, for backends that offer one (default: none)."""
         del stream
         return None
+
+    @abc.abstractmethod
+    def _instantiate_graph(self, object_id: int, nodes: tuple[GraphNode, ...]) -> Any:
+        """The backend's form of a graph of ``nodes`` (a default replays them, see graphs)."""
+
+    @abc.abstractmethod
+    def _launch_graph(
+        self,
+        graph: GraphExec,
+        arguments: Sequence[NodeArguments],
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+    ) -> None:
+        """Enqueue every node of ``graph`` on ``stream``, patched with ``arguments``."""
+
+    @abc.abstractmethod
+    def _destroy_graph(self, graph: GraphExec) -> None:
+        """Release the backend's form of ``graph`` (launches of it may still run)."""

@@ -48,6 +48,7 @@ from ..plan import ArtifactFormat, ArtifactSpec, ScalarArgument
 from ._buffer_operations import BufferOperations
 from ._completion import CompletionCallback, CompletionRegistration
 from ._device_info import DeviceIdentity, Limits, WaitPolicy, check_wait_policy
+from ._graph_operations import GraphOperations
 from ._handles import (
     BufferBinding,
     EventHandle,
@@ -71,7 +72,7 @@ __all__ = ["Backend"]
 _logger: Final = logging.getLogger("accy_async")
 
 
-class Backend(BufferOperations, StreamOperations):
+class Backend(BufferOperations, StreamOperations, GraphOperations):
     """A device and the objects created on it; the base of every backend.
 
     Subclasses implement the ``_``-prefixed primitives; this class keeps the

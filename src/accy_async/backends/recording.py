@@ -36,6 +36,7 @@ from ..errors import (
 from ..plan import ArtifactFormat, ArtifactSpec, ScalarArgument
 from ._completion import Completion, CompletionCallback, CompletionRegistration
 from ._device_info import DeviceIdentity, Limits, WaitPolicy
+from ._graph_exec import GraphExec, GraphNode, NodeArguments
 from ._handles import (
     DEFAULT_STREAM_ID,
     BufferBinding,
@@ -74,6 +75,8 @@ FaultKind: TypeAlias = Literal[
     "launch",
     "query",
     "destroy",
+    "instantiate",
+    "graph_launch",
 ]
 """The kinds of call a fault can be injected into."""
 
@@ -92,6 +95,8 @@ FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "launch",
     "query",
     "destroy",
+    "instantiate",
+    "graph_launch",
 )
 
 FAULT_ERRORS: Final[Mapping[FaultKind, type[AccyError]]] = {
@@ -208,6 +213,8 @@ class RecordingBackend(Backend):
         self.calls: dict[FaultKind, int] = dict.fromkeys(FAULT_KINDS, 0)
         """Successful calls of each kind."""
         self.launches: list[RecordedLaunch] = []
+        self.graph_launches: list[tuple[int, int]] = []
+        """``(graph id, stream id)`` of each graph launch (its nodes are in ``launches`` too)."""
         self.allocated_buffer_ids: list[int] = []
         self.allocated_buffer_byte_sizes: list[int] = []
         self.destroyed_ids: list[int] = []
@@ -539,6 +546,24 @@ class RecordingBackend(Backend):
         elif isinstance(obj, StreamHandle) and not self._unfinished.get(obj.id):
             # A destroyed stream's queued work still completes (as on CUDA): keep it if any.
             self._unfinished.pop(obj.id, None)
+
+    def _instantiate_graph(self, object_id: int, nodes: tuple[GraphNode, ...]) -> Any:
+        self._maybe_fail("instantiate")
+        self._succeeded("instantiate")
+        return super()._instantiate_graph(object_id, nodes)
+
+    def _launch_graph(
+        self,
+        graph: GraphExec,
+        arguments: Sequence[NodeArguments],
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+    ) -> None:
+        self._maybe_fail("graph_launch")
+        self._succeeded("graph_launch")
+        self.graph_launches.append((graph.id, stream.id))
+        super()._launch_graph(graph, arguments, stream, wait_events, signal_event)
 
     async def _drain(self) -> None:
         return None

@@ -41,6 +41,7 @@ from ...errors import (
 from ...plan import ArtifactFormat, ArtifactSpec, ScalarArgument
 from .._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
 from .._device_info import DeviceIdentity, Limits, WaitPolicy
+from .._graph_exec import GraphExec, GraphNode, NodeArguments
 from .._handles import (
     DEFAULT_STREAM_ID,
     BufferBinding,
@@ -58,6 +59,7 @@ from ..base import Backend
 from ..forecast import Anticipation, byte_features
 from ._artifacts import create_artifact, load_kernel
 from ._device import DeviceState
+from ._graphs import instantiate_graph, launch_graph
 from ._launch import CudaStageLauncher, Kernel
 from ._marks import CudaRead, CudaStreamMark
 from ._memory import Allocation
@@ -465,6 +467,28 @@ class CudaBackend(Backend):
         if kernel.launcher is None:
             kernel.launcher = CudaStageLauncher(self, loaded, self._device_state, self._health)
         return kernel.launcher
+
+    # ----- graphs --------------------------------------------------------------------------
+
+    def _instantiate_graph(self, object_id: int, nodes: tuple[GraphNode, ...]) -> Any:
+        return instantiate_graph(self._device_state, nodes)
+
+    def _launch_graph(
+        self,
+        graph: GraphExec,
+        arguments: Sequence[NodeArguments],
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+    ) -> None:
+        launch_graph(self._device_state, graph, arguments, stream, wait_events, signal_event)
+
+    def _destroy_graph(self, graph: GraphExec) -> None:
+        executable = graph.native.exec
+        # Safe while a launch of it runs: the driver frees it once the launch completes.
+        self._device_state.janitor.submit(
+            f"destroying {graph!r}", lambda: driver().cuGraphExecDestroy(executable)
+        )
 
     # ----- completion ----------------------------------------------------------------------
 

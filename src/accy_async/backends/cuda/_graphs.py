@@ -1,0 +1,126 @@
+"""CUDA graphs of kernel nodes: built and instantiated once, patched and launched per call.
+
+A graph is built with explicit kernel nodes (``cuGraphAddKernelNode``, its
+dependencies as edges) and instantiated (``cuGraphInstantiate``); the graph
+itself is destroyed at once, the executable kept. Each launch packs every
+node's arguments into the node's own argument array and patches only the
+nodes whose packed arguments changed since the last launch
+(``cuGraphExecKernelNodeSetParams``, which copies them and affects later
+launches only), then launches the whole graph as one submission
+(``cuGraphLaunch``). Nothing is allocated inside a graph.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._graph_exec import GraphExec, GraphNode, NodeArguments
+from .._handles import EventHandle, StreamHandle
+from .driver import driver
+
+if TYPE_CHECKING:
+    from ._device import DeviceState
+    from ._launch import Kernel
+
+__all__ = ["CudaGraph", "instantiate_graph", "launch_graph"]
+
+
+class CudaGraph:
+    """An instantiated CUDA graph and, per node, its argument storage and last arguments."""
+
+    __slots__ = ("exec", "handles", "kernels", "last", "params", "pointers", "slots")
+
+    def __init__(self) -> None:
+        self.exec: Any = None
+        self.handles: list[Any] = []
+        self.kernels: list[Kernel] = []
+        self.params: list[Any] = []
+        self.slots: list[Any] = []
+        self.pointers: list[Any] = []
+        self.last: list[bytes | None] = []
+        """Each node's packed arguments as last patched in (``None``: never)."""
+
+
+def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGraph:
+    """Build and instantiate a graph of ``nodes``; nothing is left behind on failure."""
+    d = driver()
+    built = CudaGraph()
+    graph = device.value(d.cuGraphCreate(0), "creating a graph")
+    try:
+        for node in nodes:
+            kernel: Kernel = node.loaded.native
+            count = max(kernel.argument_count, 1)
+            slots = ctypes.create_string_buffer(8 * count)
+            base = ctypes.addressof(slots)
+            pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+            params = d.CUDA_KERNEL_NODE_PARAMS()
+            params.func = kernel.function
+            (
+                params.gridDimX,
+                params.gridDimY,
+                params.gridDimZ,
+                params.blockDimX,
+                params.blockDimY,
+                params.blockDimZ,
+                params.sharedMemBytes,
+            ) = node.config.dims
+            params.kernelParams = ctypes.addressof(pointers)
+            dependencies = [built.handles[before] for before in node.after]
+            handle = device.value(
+                d.cuGraphAddKernelNode(graph, dependencies, len(dependencies), params),
+                f"adding {node.loaded.artifact.spec.kernel_name} to a graph",
+            )
+            built.handles.append(handle)
+            built.kernels.append(kernel)
+            built.params.append(params)
+            built.slots.append(slots)
+            built.pointers.append(pointers)
+            built.last.append(None)
+        built.exec = device.value(d.cuGraphInstantiate(graph, 0), "instantiating a graph")
+    finally:
+        d.cuGraphDestroy(graph)  # the executable keeps what it needs
+    return built
+
+
+def launch_graph(
+    device: DeviceState,
+    graph: GraphExec,
+    arguments: Sequence[NodeArguments],
+    stream: StreamHandle,
+    wait_events: Sequence[EventHandle],
+    signal_event: EventHandle | None,
+) -> None:
+    """Patch the nodes whose arguments changed, then launch the graph on ``stream``."""
+    built: CudaGraph = graph.native
+    d = driver()
+    values_of = []
+    for index, (buffers, scalars) in enumerate(arguments):
+        kernel = built.kernels[index]
+        values = tuple([argument.value for argument in scalars])
+        values_of.append(values)
+        packer: struct.Struct = kernel.packer(
+            len(buffers), tuple([argument.type_name for argument in scalars])
+        )
+        packed = packer.pack(*[binding.address for binding in buffers], *values)
+        if packed != built.last[index]:
+            ctypes.memmove(built.slots[index], packed, len(packed))
+            device.check(
+                d.cuGraphExecKernelNodeSetParams(
+                    built.exec, built.handles[index], built.params[index]
+                ),
+                "updating a graph's node",
+            )
+            built.last[index] = packed
+    for event in wait_events:
+        device.wait(stream, event)
+    (result,) = d.cuGraphLaunch(built.exec, stream.native)
+    if int(result):
+        device.fail(result, "launching a graph")
+    ledger = device.ledgers[stream.id]
+    for node, kernel, values in zip(graph.nodes, built.kernels, values_of, strict=True):
+        ledger.enqueue(kernel.cost, (node.config.grid, node.config.block, values))
+    if signal_event is not None:
+        device.record(signal_event, stream)
