@@ -107,6 +107,8 @@ class GraphOperations(BackendCore):
         for event in (*wait_events, *([signal_event] if signal_event is not None else [])):
             if not self.owns(event):
                 raise InvalidBuffer(f"{event!r} is not a live event of this backend")
+        # A fresh tuple: the checked path never takes the arguments as unchanged by identity.
+        arguments = tuple(arguments)
         self._launch_graph(graph, arguments, self._stream(stream), wait_events, signal_event)
 
     def launch_graph_exec_trusted(
@@ -122,6 +124,9 @@ class GraphOperations(BackendCore):
         For callers that checked, once, that the graph, its kernels, every
         buffer and every event are live here and the counts fit (the
         pipeline runner does). A closed or faulted backend still refuses.
+        Passing the very ``arguments`` object of the graph's last launch
+        again tells the backend nothing changed (nothing is packed or
+        patched): never change such an object in place.
         """
         if self._health.refusal is not None:
             self._health.refuse()

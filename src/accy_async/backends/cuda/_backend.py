@@ -59,7 +59,7 @@ from ..base import Backend
 from ..forecast import Anticipation, byte_features
 from ._artifacts import create_artifact, load_kernel
 from ._device import DeviceState
-from ._graphs import instantiate_graph, launch_graph
+from ._graphs import destroy_graph, instantiate_graph, launch_graph
 from ._launch import CudaStageLauncher, Kernel
 from ._marks import CudaRead, CudaStreamMark
 from ._memory import Allocation
@@ -484,11 +484,9 @@ class CudaBackend(Backend):
         launch_graph(self._device_state, graph, arguments, stream, wait_events, signal_event)
 
     def _destroy_graph(self, graph: GraphExec) -> None:
-        executable = graph.native.exec
+        built = graph.native
         # Safe while a launch of it runs: the driver frees it once the launch completes.
-        self._device_state.janitor.submit(
-            f"destroying {graph!r}", lambda: driver().cuGraphExecDestroy(executable)
-        )
+        self._device_state.janitor.submit(f"destroying {graph!r}", lambda: destroy_graph(built))
 
     # ----- completion ----------------------------------------------------------------------
 
