@@ -16,10 +16,9 @@ from accy_async.pipeline import (
     load_pipeline_artifacts,
 )
 
-from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY
-
-PTX = p.ArtifactFormat.CUDA_PTX
-ARGS = (p.U32(5000),)
+from .seed_fixtures import SEED_ARGUMENTS as ARGS
+from .seed_fixtures import SEED_FORMAT as PTX
+from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY, seed_launch, seed_request
 
 
 async def test_a_relaunched_request_is_rechecked_for_what_can_change(
@@ -31,15 +30,8 @@ async def test_a_relaunched_request_is_rechecked_for_what_can_change(
         await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS) as scratch,
     ):
         operands = [operand.bind("read_only")]
-        request = PipelineLaunch(
-            pipeline=SEED_PIPELINE,
-            registry=SEED_REGISTRY,
-            format=PTX,
-            operands=operands,
-            results=(result.bind(),),
-            runtime_scalar_arguments=ARGS,
-            intermediates=scratch,
-            artifacts=pool,
+        request = seed_launch(
+            operands=operands, results=(result.bind(),), intermediates=scratch, artifacts=pool
         )
         for _ in range(3):
             await launch_pipeline(recording, request)
@@ -66,14 +58,7 @@ async def test_a_relaunched_request_is_rechecked_for_what_can_change(
 async def test_cancelling_a_launch_that_owns_its_objects_releases_them() -> None:
     backend = accy.RecordingBackend(completion="manual")
     x, y = backend.allocate_buffer(20_000), backend.allocate_buffer(20_000)
-    request = PipelineLaunch(
-        pipeline=SEED_PIPELINE,
-        registry=SEED_REGISTRY,
-        format=PTX,
-        operands=[x.bind()],
-        results=[y.bind()],
-        runtime_scalar_arguments=ARGS,
-    )
+    request = seed_launch(operands=[x.bind()], results=[y.bind()])
     with anyio.move_on_after(0.05) as scope:
         await launch_pipeline(backend, request)  # waits for a device that never finishes
     assert scope.cancelled_caught
@@ -227,18 +212,7 @@ async def test_a_pool_used_on_a_stream_destroyed_since_still_waits_for_the_other
     pool = await load_pipeline_artifacts(recording, SEED_PIPELINE, SEED_REGISTRY, PTX)
     scratch = await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS)
     for stream in (first, second):
-        request = PipelineLaunch(
-            pipeline=SEED_PIPELINE,
-            registry=SEED_REGISTRY,
-            format=PTX,
-            operands=(operand.bind("read_only"),),
-            results=(result.bind(),),
-            runtime_scalar_arguments=ARGS,
-            intermediates=scratch,
-            artifacts=pool,
-            stream=stream,
-        )
-        await launch_pipeline(recording, request)
+        await launch_pipeline(recording, seed_request(operand, result, scratch, pool, stream))
     recording.complete_stream(first)
     recording.destroy(first)
     kernels = [entry.loaded for entry in pool.entries]
