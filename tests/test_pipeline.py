@@ -181,27 +181,27 @@ async def test_buffers_are_checked_against_the_documents_shapes_before_anything_
         backend.destroy_all([x, short, doubles, y])
 
 
-def test_a_bf16_shape_takes_the_uint16_array_it_is_uploaded_as() -> None:
+async def test_a_bf16_shape_takes_the_uint16_array_it_is_uploaded_as() -> None:
     """NumPy has no bfloat16: bf16 data is uploaded as uint16, and recorded as u16."""
-    from accy_async.pipeline import _check_shapes
-
     backend = accy.RecordingBackend()
     x = accy.upload(backend, np.ones(10, np.uint16))
+    y = backend.allocate_buffer(4 * 10)
 
     def request(dtype: p.DType) -> PipelineLaunch:
         shape = p.PipelineBuffer(name="x", dtype=dtype, extent=p.Fixed(10))
-        return PipelineLaunch(
-            pipeline=SEED_PIPELINE,
-            registry=SEED_REGISTRY,
+        return seed_launch(
             operands=[x.bind("read_only")],
+            results=[y.bind()],
+            runtime_scalar_arguments=(p.U32(10),),
             operand_shapes=[shape],
         )
 
-    _check_shapes(request(p.DType.BF16), ())
-    _check_shapes(request(p.DType.U16), ())
+    await launch_pipeline(backend, request(p.DType.BF16))
+    await launch_pipeline(backend, request(p.DType.U16))
     with pytest.raises(accy.LaunchArgumentMismatch, match="holds u16, the plan takes f16"):
-        _check_shapes(request(p.DType.F16), ())
-    backend.destroy(x)
+        await launch_pipeline(backend, request(p.DType.F16))
+    backend.destroy_all([x, y])
+    await backend.aclose()
 
 
 async def test_a_pool_used_on_a_stream_destroyed_since_still_waits_for_the_others() -> None:
