@@ -98,10 +98,12 @@ async def measure(backend: accy.Backend, nodes: int, streams: int, repeat: int) 
     scalars = [p.U32(64)]
     grid, block = (1, 1, 1), (64, 1, 1)
 
+    config = accy.LaunchConfig(grid, block)
+
     async def plain() -> None:
         if streams <= 1:
             for _ in range(nodes):
-                backend.launch(loaded, buffers, scalars, accy.LaunchConfig(grid, block))
+                backend.launch(loaded, buffers, scalars, config)
             return
         events = [backend.create_event() for _ in range(nodes - 1)]
         previous = None
@@ -111,7 +113,7 @@ async def measure(backend: accy.Backend, nodes: int, streams: int, repeat: int) 
                 loaded,
                 buffers,
                 scalars,
-                accy.LaunchConfig(grid, block),
+                config,
                 stream=stream,
                 wait_events=() if previous is None else (previous,),
             )

@@ -37,7 +37,7 @@ from accy_async.testing import CancellationReport, FaultReport, cancellation_swe
 from accy_async.tuning import Tuner
 from accy_async.waiting import release_when_idle
 
-from .plans import elementwise_kernels, geometry, planned, slots
+from .plans import artifact_plan, diamond, elementwise_kernels, geometry, planned
 from .tuning_fixtures import QUICK, probe_problem
 
 N = 1000
@@ -72,32 +72,21 @@ async def pipeline_scenario(backend: accy.Backend) -> float:
 
 def graph_plan(backend: accy.Backend) -> p.ArtifactPlan:
     """iota -> copy, iota -> add_one, (copy, add_one) -> add: a diamond over four kernels."""
-    return p.ArtifactPlan(
-        slots=slots(*((slot, 4 * N) for slot in (1, 2, 3, 4))),
-        kernels=(
-            planned(
-                backend,
-                10,
-                "iota_f32",
-                1,
-                (),
-                runtime_scalar_argument_count=2,
-                runtime_scalar_defaults=(p.U32(N), p.F32(0.0)),
-                launch_resources=geometry(N),
-            ),
-            *elementwise_kernels(backend, N),
+    return artifact_plan(
+        dict.fromkeys((1, 2, 3, 4), 4 * N),
+        planned(
+            backend,
+            10,
+            "iota_f32",
+            1,
+            scalars=(p.U32(N), p.F32(0.0)),
+            launch_resources=geometry(N),
         ),
+        *elementwise_kernels(backend, N),
     )
 
 
-DIAMOND = p.LaunchGraphPlan(
-    nodes=tuple(p.GraphNode(kernel_index=i, stream=s) for i, s in enumerate((0, 1, 2, 1))),
-    dependencies=tuple(
-        p.GraphDependency(producer_node_index=a, consumer_node_index=b)
-        for a, b in ((0, 1), (0, 2), (1, 3), (2, 3))
-    ),
-    stream_count=3,
-)
+DIAMOND = diamond((0, 1, 2, 1))
 EXPECTED_GRAPH = float(sum(2 * i + 1 for i in range(N)))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import accy_async as accy
 from accy_async import plan as p
 from accy_async.pipeline import PipelineLaunch
@@ -97,6 +99,18 @@ SEED_FORMAT = p.ArtifactFormat.CUDA_PTX
 SEED_ARGUMENTS = (p.U32(5000),)
 
 
+def seed_launch(**fields: Any) -> PipelineLaunch:
+    """A launch of the seed pipeline in PTX over 5,000 elements; ``fields`` give the rest
+    (``operands``, ``results``, ...) or replace any of those."""
+    defaults: dict[str, Any] = {
+        "pipeline": SEED_PIPELINE,
+        "registry": SEED_REGISTRY,
+        "format": SEED_FORMAT,
+        "runtime_scalar_arguments": SEED_ARGUMENTS,
+    }
+    return PipelineLaunch(**(defaults | fields))
+
+
 def seed_request(
     operand: accy.BufferHandle,
     result: accy.BufferHandle,
@@ -106,13 +120,9 @@ def seed_request(
 ) -> PipelineLaunch:
     """The seed pipeline over one operand and one result (5,000 elements, PTX), with pool
     and scratch given."""
-    return PipelineLaunch(
-        pipeline=SEED_PIPELINE,
-        registry=SEED_REGISTRY,
-        format=SEED_FORMAT,
+    return seed_launch(
         operands=(operand.bind("read_only"),),
         results=(result.bind(),),
-        runtime_scalar_arguments=SEED_ARGUMENTS,
         intermediates=scratch,
         artifacts=pool,
         stream=stream,

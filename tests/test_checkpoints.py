@@ -33,12 +33,10 @@ from accy_async.waiting import CompletionLatch, release_when_idle
 
 from .conftest import EVERY_LOOP
 from .heartbeat import Heartbeat
-from .plans import bind_all, destroy_bindings
+from .plans import CHAIN_SIZES, bind_all, chain_plan, destroy_bindings, diamond
+from .seed_fixtures import SEED_ARGUMENTS as ARGS
+from .seed_fixtures import SEED_FORMAT as PTX
 from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY, seed_request
-from .test_graph import SIZES, chain_plan, diamond
-
-PTX = p.ArtifactFormat.CUDA_PTX
-ARGS = (p.U32(5000),)
 
 
 @pytest.fixture(params=EVERY_LOOP)
@@ -120,7 +118,7 @@ async def test_the_high_level_call_is_a_checkpoint(cpu_backend: accy.CpuBackend)
 
 
 async def test_graph_and_kernel_calls_are_checkpoints(recording: accy.RecordingBackend) -> None:
-    bindings = bind_all(recording, SIZES)
+    bindings = bind_all(recording, CHAIN_SIZES)
     async with await load_kernels(recording, chain_plan(recording)) as kernels:
         run = await launch_graph(kernels, bindings, diamond((0, 0, 1, 0)))
         await run.wait()

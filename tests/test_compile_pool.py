@@ -23,10 +23,10 @@ BAD = 'extern "C" __global__ void k(float* x) { x[0] = undefined_name; }'
 
 
 def nvrtc_present() -> bool:
-    from accy_async.backends.cuda.nvrtc import _supported_architectures
+    from accy_async.backends.cuda.nvrtc import nvrtc_version
 
     try:
-        _supported_architectures()
+        nvrtc_version()
     except Exception:  # any failure means no usable NVRTC here
         return False
     return True

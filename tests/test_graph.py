@@ -12,54 +12,26 @@ from accy_async import plan as p
 from accy_async.graph import launch_all, launch_graph
 from accy_async.kernels import LaunchOptions, SlotBinding, load_kernels
 
-from .plans import bind_all, destroy_bindings, elementwise_kernels, geometry, planned, slots
+from .plans import CHAIN_N, CHAIN_SIZES, bind_all, chain_plan, destroy_bindings, diamond
 
-N = 1024
+N = CHAIN_N
+SIZES = CHAIN_SIZES
 
 
-def chain_plan(backend: accy.Backend) -> p.ArtifactPlan:
-    """Slot 1 -> iota -> copy to 2 -> add_one to 3 -> add(2, 3) into 4; plus a loop kernel."""
-    n = (p.U32(N),)
-    return p.ArtifactPlan(
-        slots=slots((1, 4 * N), (2, 4 * N), (3, 4 * N), (4, 4 * N), (5, 4 * N), (6, 4 * N)),
-        kernels=(
-            planned(
-                backend,
-                10,
-                "slow_fill_f32",
-                1,
-                (),
-                runtime_scalar_argument_count=3,
-                runtime_scalar_defaults=(p.U32(N), p.F32(3.0), p.U64(20_000_000)),
-                launch_resources=geometry(N),
-            ),
-            *elementwise_kernels(backend, N),
-            planned(
-                backend,
-                14,
-                "add_one_f32",
-                6,
-                (5,),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=n,
-                launch_resources=geometry(N),
+def ping_pong(trips: int, *, then: tuple[int, ...] = ()) -> p.LaunchGraphPlan:
+    """Kernel 0 fills slot 1; kernel 4 (add one, slot 5 into 6) runs ``trips`` times, each
+    output carried back as the next input (slot 1 the first); then the kernels ``then``."""
+    return p.LaunchGraphPlan(
+        nodes=tuple(p.GraphNode(kernel_index=i) for i in (0, 4, *then)),
+        loops=(
+            p.GraphLoop(
+                first_node_index=1,
+                node_count=1,
+                trip_count=trips,
+                carries=(p.LoopCarry(input_slot_id=5, output_slot_id=6, initial_slot_id=1),),
             ),
         ),
     )
-
-
-def diamond(stream_of: tuple[int | None, int | None, int | None, int | None]) -> p.LaunchGraphPlan:
-    """A(0) -> B(1), A -> C(2), B -> D(3), C -> D, over the first four kernels."""
-    nodes = tuple(p.GraphNode(kernel_index=i, stream=s) for i, s in enumerate(stream_of))
-    deps = tuple(
-        p.GraphDependency(producer_node_index=a, consumer_node_index=b)
-        for a, b in ((0, 1), (0, 2), (1, 3), (2, 3))
-    )
-    streams = max((s for s in stream_of if s is not None), default=-1) + 1
-    return p.LaunchGraphPlan(nodes=nodes, dependencies=deps, stream_count=streams)
-
-
-SIZES = dict.fromkeys(range(1, 7), 4 * N)
 
 
 async def read_f32(backend: accy.Backend, binding: SlotBinding) -> np.ndarray:
@@ -157,21 +129,7 @@ async def test_given_streams_and_external_events_are_used_not_created(
 async def test_loops_ping_pong_carried_slots(recording: accy.RecordingBackend, trips: int) -> None:
     bindings = bind_all(recording, SIZES)
     ids = {b.slot_id: b.binding.handle.id for b in bindings}
-    graph = p.LaunchGraphPlan(
-        nodes=(
-            p.GraphNode(kernel_index=0),
-            p.GraphNode(kernel_index=4),
-            p.GraphNode(kernel_index=1),
-        ),
-        loops=(
-            p.GraphLoop(
-                first_node_index=1,
-                node_count=1,
-                trip_count=trips,
-                carries=(p.LoopCarry(input_slot_id=5, output_slot_id=6, initial_slot_id=1),),
-            ),
-        ),
-    )
+    graph = ping_pong(trips, then=(1,))
     async with await load_kernels(recording, chain_plan(recording)) as kernels:
         run = await launch_graph(kernels, bindings, graph)
         await run.wait()
@@ -313,17 +271,7 @@ async def test_a_loop_carries_its_buffer_through_each_iteration(
     backend = executing_backend
     bindings = bind_all(backend, SIZES)
     by_slot = {b.slot_id: b for b in bindings}
-    graph = p.LaunchGraphPlan(
-        nodes=(p.GraphNode(kernel_index=0), p.GraphNode(kernel_index=4)),
-        loops=(
-            p.GraphLoop(
-                first_node_index=1,
-                node_count=1,
-                trip_count=trips,
-                carries=(p.LoopCarry(input_slot_id=5, output_slot_id=6, initial_slot_id=1),),
-            ),
-        ),
-    )
+    graph = ping_pong(trips)
     async with await load_kernels(backend, chain_plan(backend)) as kernels:
         await (await launch_graph(kernels, bindings, graph)).wait()
     final = by_slot[6] if trips % 2 else by_slot[1]

@@ -17,37 +17,41 @@ from accy_async.kernels import (
     load_kernels,
 )
 
-from .plans import bind_all, destroy_bindings, geometry, planned, slots
+from .plans import (
+    artifact_plan,
+    bind_all,
+    candidates,
+    destroy_bindings,
+    elementwise,
+    fill_by_buffer_count,
+    fill_by_scalar_count,
+    geometry,
+    planned,
+)
 
 N = 256
 
 
-def copy_plan(backend: accy.Backend, **fields: object) -> p.ArtifactPlan:
-    return p.ArtifactPlan(
-        slots=slots((1, 4 * N), (2, 4 * N)),
-        kernels=(
-            planned(
-                backend,
-                7,
-                "copy_f32",
-                2,
-                (1,),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=(p.U32(N),),
-                launch_resources=geometry(N),
-                **fields,
-            ),
-        ),
-    )
+COPY_SIZES = {1: 4 * N, 2: 4 * N}
+
+
+def copy_plan(backend: accy.Backend) -> p.ArtifactPlan:
+    """Kernel 7 copies slot 1 into 2, ``N`` floats each."""
+    return artifact_plan(COPY_SIZES, elementwise(backend, 7, "copy_f32", 2, (1,), N))
+
+
+def with_kernel_changed(plan: p.ArtifactPlan, **changes: object) -> p.ArtifactPlan:
+    """``plan`` with ``changes`` made to its one kernel."""
+    (kernel,) = plan.kernels
+    return p.ArtifactPlan(slots=plan.slots, kernels=(msgspec.structs.replace(kernel, **changes),))
 
 
 # ----- loading -------------------------------------------------------------------------------
 
 
 async def test_load_kernels_creates_and_loads_each_kernel(recording: accy.RecordingBackend) -> None:
-    plan = p.ArtifactPlan(
-        slots=slots((1, 16), (2, 16)),
-        kernels=tuple(planned(recording, i, "copy_f32", 2, (1,)) for i in range(3)),
+    plan = artifact_plan(
+        {1: 16, 2: 16}, *(planned(recording, i, "copy_f32", 2, (1,)) for i in range(3))
     )
     async with await load_kernels(recording, plan) as kernels:
         assert kernels.kernel_count == 3
@@ -58,9 +62,8 @@ async def test_load_kernels_creates_and_loads_each_kernel(recording: accy.Record
 
 async def test_a_failed_load_unloads_what_was_loaded() -> None:
     backend = accy.RecordingBackend(fail_after={"load": 2})
-    plan = p.ArtifactPlan(
-        slots=slots((1, 16), (2, 16)),
-        kernels=tuple(planned(backend, i, "copy_f32", 2, (1,)) for i in range(4)),
+    plan = artifact_plan(
+        {1: 16, 2: 16}, *(planned(backend, i, "copy_f32", 2, (1,)) for i in range(4))
     )
     with pytest.raises(accy.RuntimeUnavailable):
         await load_kernels(backend, plan)
@@ -77,39 +80,14 @@ async def test_a_failed_load_unloads_what_was_loaded() -> None:
 async def test_slots_bind_output_inputs_and_count_buffer_with_their_access(
     recording: accy.RecordingBackend,
 ) -> None:
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64), (2, 64), (3, 64)),
-        kernels=(
-            planned(
-                recording,
-                1,
-                "add_f32",
-                3,
-                (1, 2),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=(p.U32(4),),
-            ),
-            planned(
-                recording,
-                2,
-                "add_f32",
-                3,
-                (3, 1),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=(p.U32(4),),
-            ),
-            planned(
-                recording,
-                3,
-                "count_fill_u32",
-                1,
-                (),
-                static_arguments=(p.U32(9),),
-                element_count_argument="device_buffer_u32",
-            ),
-        ),
+    sizes = {1: 64, 2: 64, 3: 64}
+    plan = artifact_plan(
+        sizes,
+        planned(recording, 1, "add_f32", 3, (1, 2), scalars=(p.U32(4),)),
+        planned(recording, 2, "add_f32", 3, (3, 1), scalars=(p.U32(4),)),
+        fill_by_buffer_count(recording, 3, 1, 9),
     )
-    bindings = bind_all(recording, {1: 64, 2: 64, 3: 64})
+    bindings = bind_all(recording, sizes)
     count = recording.allocate_buffer(4)
     async with await load_kernels(recording, plan) as kernels:
         kernels.launch_kernel(0, bindings)
@@ -134,23 +112,21 @@ async def test_slots_bind_output_inputs_and_count_buffer_with_their_access(
 async def test_fill_patterns_fill_the_output_and_the_scratch_input(
     recording: accy.RecordingBackend,
 ) -> None:
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64), (2, 64), (3, 64)),
-        kernels=(
-            planned(
-                recording,
-                1,
-                "add_f32",
-                3,
-                (1, 2),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=(p.U32(4),),
-                output_fill_pattern=0xAAAAAAAA,
-                scratch_fill_pattern=0x55,
-            ),
+    sizes = {1: 64, 2: 64, 3: 64}
+    plan = artifact_plan(
+        sizes,
+        planned(
+            recording,
+            1,
+            "add_f32",
+            3,
+            (1, 2),
+            scalars=(p.U32(4),),
+            output_fill_pattern=0xAAAAAAAA,
+            scratch_fill_pattern=0x55,
         ),
     )
-    bindings = bind_all(recording, {1: 64, 2: 64, 3: 64})
+    bindings = bind_all(recording, sizes)
     ids = {b.slot_id: b.binding.handle.id for b in bindings}
     async with await load_kernels(recording, plan) as kernels:
         kernels.launch_kernel(0, bindings)
@@ -162,21 +138,17 @@ async def test_fill_patterns_fill_the_output_and_the_scratch_input(
 async def test_fill_falls_back_to_a_write_of_at_most_4096_bytes() -> None:
     backend = accy.RecordingBackend()
     backend.inject_fault("fill", repeat=True)  # the backend cannot fill
-    small = p.ArtifactPlan(
-        slots=slots((1, 16), (2, 16)),
-        kernels=(
+
+    def filled_copy(output_size: int | None, pattern: int) -> p.ArtifactPlan:
+        """Four floats copied from slot 1 into slot 2, which is filled with ``pattern`` first."""
+        return artifact_plan(
+            {1: 16, 2: output_size},
             planned(
-                backend,
-                1,
-                "copy_f32",
-                2,
-                (1,),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=(p.U32(4),),
-                output_fill_pattern=0x01020304,
+                backend, 1, "copy_f32", 2, (1,), scalars=(p.U32(4),), output_fill_pattern=pattern
             ),
-        ),
-    )
+        )
+
+    small = filled_copy(16, 0x01020304)
     bindings = bind_all(backend, {1: 16, 2: 16})
     async with await load_kernels(backend, small) as kernels:
         kernels.launch_kernel(0, bindings)
@@ -187,22 +159,7 @@ async def test_fill_falls_back_to_a_write_of_at_most_4096_bytes() -> None:
         (6, accy.InvalidArtifact),
         (0, accy.InvalidArtifact),
     ):
-        plan = p.ArtifactPlan(
-            slots=slots((1, 16), (2, size)),
-            kernels=(
-                planned(
-                    backend,
-                    1,
-                    "copy_f32",
-                    2,
-                    (1,),
-                    runtime_scalar_argument_count=1,
-                    runtime_scalar_defaults=(p.U32(4),),
-                    output_fill_pattern=7,
-                ),
-            ),
-        )
-        async with await load_kernels(backend, plan) as kernels:
+        async with await load_kernels(backend, filled_copy(size, 7)) as kernels:
             with pytest.raises(error):
                 kernels.launch_kernel(0, bindings)
     assert backend.launch_count == 1
@@ -211,30 +168,11 @@ async def test_fill_falls_back_to_a_write_of_at_most_4096_bytes() -> None:
 
 
 async def test_element_count_argument_modes(recording: accy.RecordingBackend) -> None:
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64)),
-        kernels=(
-            planned(recording, 1, "block_probe", 1),
-            planned(
-                recording,
-                2,
-                "scalar_count_fill_u32",
-                1,
-                (),
-                element_count_argument="scalar_u32",
-                element_count_argument_value=12,
-                static_arguments=(p.U32(5),),
-            ),
-            planned(
-                recording,
-                3,
-                "count_fill_u32",
-                1,
-                (),
-                static_arguments=(p.U32(5),),
-                element_count_argument="device_buffer_u32",
-            ),
-        ),
+    plan = artifact_plan(
+        {1: 64},
+        planned(recording, 1, "block_probe", 1),
+        fill_by_scalar_count(recording, 2, 1, 5, 12),
+        fill_by_buffer_count(recording, 3, 1, 5),
     )
     bindings = bind_all(recording, {1: 64})
     count = recording.allocate_buffer(4)
@@ -252,20 +190,10 @@ async def test_element_count_argument_modes(recording: accy.RecordingBackend) ->
 
 
 async def test_runtime_scalars_given_replace_the_defaults(recording: accy.RecordingBackend) -> None:
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64)),
-        kernels=(
-            planned(
-                recording,
-                1,
-                "iota_f32",
-                1,
-                (),
-                runtime_scalar_argument_count=2,
-                runtime_scalar_defaults=(p.U32(3), p.F32(1.5)),
-            ),
-            planned(recording, 2, "iota_f32", 1, (), runtime_scalar_argument_count=2),
-        ),
+    plan = artifact_plan(
+        {1: 64},
+        planned(recording, 1, "iota_f32", 1, scalars=(p.U32(3), p.F32(1.5))),
+        planned(recording, 2, "iota_f32", 1, runtime_scalar_argument_count=2),
     )
     bindings = bind_all(recording, {1: 64})
     async with await load_kernels(recording, plan) as kernels:
@@ -289,42 +217,34 @@ async def test_runtime_scalars_given_replace_the_defaults(recording: accy.Record
 async def test_geometry_comes_from_the_derived_launch_or_the_tuned_candidate(
     recording: accy.RecordingBackend,
 ) -> None:
-    candidates = tuple(
-        p.LaunchCandidate(geometry=p.LaunchGeometry(grid=(g, 1, 1), block=(b, 1, 1)))
-        for g, b in ((16, 64), (8, 128), (4, 256))
-    )
     derived = p.DerivedLaunch(
         grid=(p.CeilDiv(argument_index=0, divisor=64), p.Fixed(1), p.Fixed(1)), block=(64, 1, 1)
     )
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64)),
-        kernels=(
-            planned(
-                recording,
-                1,
-                "block_probe",
-                1,
-                launch_resources=p.LaunchResources(candidates=candidates),
-            ),
-            planned(
-                recording,
-                2,
-                "iota_f32",
-                1,
-                (),
-                origin="kernel_call",
-                runtime_scalar_argument_count=2,
-                runtime_scalar_defaults=(p.U32(1000), p.F32(0)),
-                kernel_call_launch=derived,
-            ),
-            planned(
-                recording,
-                3,
-                "block_probe",
-                1,
-                launch_resources=p.LaunchResources(
-                    geometry=p.LaunchGeometry(grid=(3, 1, 1), block=(32, 1, 1))
-                ),
+    plan = artifact_plan(
+        {1: 64},
+        planned(
+            recording,
+            1,
+            "block_probe",
+            1,
+            launch_resources=candidates(64, 128, 256, grids=(16, 8, 4)),
+        ),
+        planned(
+            recording,
+            2,
+            "iota_f32",
+            1,
+            origin="kernel_call",
+            scalars=(p.U32(1000), p.F32(0)),
+            kernel_call_launch=derived,
+        ),
+        planned(
+            recording,
+            3,
+            "block_probe",
+            1,
+            launch_resources=p.LaunchResources(
+                geometry=p.LaunchGeometry(grid=(3, 1, 1), block=(32, 1, 1))
             ),
         ),
     )
@@ -360,37 +280,27 @@ async def test_kernel_index_and_plan_mismatches_are_invalid_artifacts(
     recording: accy.RecordingBackend,
 ) -> None:
     plan = copy_plan(recording)
-    other = p.ArtifactPlan(
-        slots=plan.slots, kernels=(msgspec_replace(plan.kernels[0], kernel_id=8),)
-    )
-    bindings = bind_all(recording, {1: 4 * N, 2: 4 * N})
+    other = with_kernel_changed(plan, kernel_id=8)
+    bindings = bind_all(recording, COPY_SIZES)
     async with await load_kernels(recording, plan) as kernels:
         with pytest.raises(accy.InvalidArtifact, match="out of range"):
             kernels.launch_kernel(1, bindings)
         with pytest.raises(accy.InvalidArtifact, match="is loaded there"):
             kernels.launch_kernel(0, bindings, artifact_plan=other)
-        same = p.ArtifactPlan(
-            slots=plan.slots, kernels=(msgspec_replace(plan.kernels[0], output_fill_pattern=1),)
-        )
+        same = with_kernel_changed(plan, output_fill_pattern=1)
         kernels.launch_kernel(0, bindings, artifact_plan=same)
     assert recording.fill_count == 1
     assert recording.launch_count == 1
     destroy_bindings(recording, bindings)
 
 
-def msgspec_replace(struct: p.PlannedKernel, **changes: object) -> p.PlannedKernel:
-    return msgspec.structs.replace(struct, **changes)
-
-
 async def test_launch_with_arguments_takes_planned_kernels_only(
     recording: accy.RecordingBackend,
 ) -> None:
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64), (2, 64)),
-        kernels=(
-            planned(recording, 1, "copy_f32", 2, (1,), launch_resources=geometry(16)),
-            planned(recording, 2, "copy_f32", 2, (1,), origin="kernel_call"),
-        ),
+    plan = artifact_plan(
+        {1: 64, 2: 64},
+        planned(recording, 1, "copy_f32", 2, (1,), launch_resources=geometry(16)),
+        planned(recording, 2, "copy_f32", 2, (1,), origin="kernel_call"),
     )
     a, b = recording.allocate_buffer(64), recording.allocate_buffer(64)
     async with await load_kernels(recording, plan) as kernels:
@@ -411,21 +321,10 @@ async def test_launch_with_arguments_takes_planned_kernels_only(
 async def test_measure_launch_candidates_counts_and_checks(
     recording: accy.RecordingBackend,
 ) -> None:
-    candidates = tuple(
-        p.LaunchCandidate(geometry=p.LaunchGeometry(block=(b, 1, 1))) for b in (32, 64, 128)
-    )
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64)),
-        kernels=(
-            planned(
-                recording,
-                5,
-                "block_probe",
-                1,
-                launch_resources=p.LaunchResources(candidates=candidates),
-            ),
-            planned(recording, 6, "block_probe", 1),
-        ),
+    plan = artifact_plan(
+        {1: 64},
+        planned(recording, 5, "block_probe", 1, launch_resources=candidates(32, 64, 128)),
+        planned(recording, 6, "block_probe", 1),
     )
     bindings = bind_all(recording, {1: 64})
     stream = recording.create_stream()
@@ -468,20 +367,9 @@ async def test_measure_launch_candidates_counts_and_checks(
 
 async def test_candidates_are_chosen_from_real_measurements(cpu_backend: accy.CpuBackend) -> None:
     backend = cpu_backend
-    candidates = tuple(
-        p.LaunchCandidate(geometry=p.LaunchGeometry(block=(b, 1, 1))) for b in (256, 64, 512, 128)
-    )
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64)),
-        kernels=(
-            planned(
-                backend,
-                5,
-                "block_probe",
-                1,
-                launch_resources=p.LaunchResources(candidates=candidates),
-            ),
-        ),
+    plan = artifact_plan(
+        {1: 64},
+        planned(backend, 5, "block_probe", 1, launch_resources=candidates(256, 64, 512, 128)),
     )
     bindings = bind_all(backend, {1: 64})
     stream = backend.create_stream()
@@ -509,35 +397,17 @@ async def test_fills_and_count_modes_produce_the_right_bytes(
     executing_backend: accy.Backend,
 ) -> None:
     backend = executing_backend
-    plan = p.ArtifactPlan(
-        slots=slots((1, 64), (2, 64)),
-        kernels=(
-            planned(
-                backend,
-                1,
-                "scalar_count_fill_u32",
-                1,
-                (),
-                output_fill_pattern=0xEEEEEEEE,
-                element_count_argument="scalar_u32",
-                element_count_argument_value=5,
-                static_arguments=(p.U32(3),),
-                launch_resources=geometry(16),
-            ),
-            planned(
-                backend,
-                2,
-                "count_fill_u32",
-                2,
-                (),
-                output_fill_pattern=0x11111111,
-                element_count_argument="device_buffer_u32",
-                static_arguments=(p.U32(4),),
-                launch_resources=geometry(16),
-            ),
+    sizes = {1: 64, 2: 64}
+    plan = artifact_plan(
+        sizes,
+        fill_by_scalar_count(
+            backend, 1, 1, 3, 5, output_fill_pattern=0xEEEEEEEE, launch_resources=geometry(16)
+        ),
+        fill_by_buffer_count(
+            backend, 2, 2, 4, output_fill_pattern=0x11111111, launch_resources=geometry(16)
         ),
     )
-    bindings = bind_all(backend, {1: 64, 2: 64})
+    bindings = bind_all(backend, sizes)
     count = backend.allocate_buffer(4)
     backend.write_buffer(count, np.array([7], np.uint32).tobytes())
     async with await load_kernels(backend, plan) as kernels:

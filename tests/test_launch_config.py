@@ -37,3 +37,26 @@ def test_a_bad_geometry_is_refused_naming_what_is_wrong(
 ) -> None:
     with pytest.raises(accy.LaunchArgumentMismatch, match=names):
         accy.LaunchConfig(grid, block, shared)  # type: ignore[arg-type]
+
+
+def test_a_config_takes_numpy_ints_and_survives_copy_and_pickle() -> None:
+    import copy
+    import pickle
+
+    import numpy as np
+
+    config = accy.LaunchConfig((np.int64(8), 1, 1), (np.int32(64), 1, 1))
+    assert config.grid == (8, 1, 1) and type(config.grid[0]) is int
+    assert copy.copy(config) == copy.deepcopy(config) == pickle.loads(pickle.dumps(config))
+
+
+async def test_a_launch_given_something_else_than_a_config_is_refused_naming_it() -> None:
+    from .kernels import load
+
+    async with accy.open_backend("recording") as backend:
+        kernel = await load(backend, "iota_f32")
+        out = backend.allocate_buffer(16)
+        with pytest.raises(accy.LaunchArgumentMismatch, match=r"\$\.config"):
+            backend.launch(kernel, [out.bind()], [accy.U32(4), accy.F32(0)], (1, 1, 1))  # type: ignore[arg-type]
+        assert isinstance(backend, accy.RecordingBackend) and not backend.launches
+        backend.destroy_all([kernel, out])

@@ -16,10 +16,9 @@ from accy_async.pipeline import (
     load_pipeline_artifacts,
 )
 
-from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY
-
-PTX = p.ArtifactFormat.CUDA_PTX
-ARGS = (p.U32(5000),)
+from .seed_fixtures import SEED_ARGUMENTS as ARGS
+from .seed_fixtures import SEED_FORMAT as PTX
+from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY, seed_launch, seed_request
 
 
 async def test_a_relaunched_request_is_rechecked_for_what_can_change(
@@ -31,15 +30,8 @@ async def test_a_relaunched_request_is_rechecked_for_what_can_change(
         await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS) as scratch,
     ):
         operands = [operand.bind("read_only")]
-        request = PipelineLaunch(
-            pipeline=SEED_PIPELINE,
-            registry=SEED_REGISTRY,
-            format=PTX,
-            operands=operands,
-            results=(result.bind(),),
-            runtime_scalar_arguments=ARGS,
-            intermediates=scratch,
-            artifacts=pool,
+        request = seed_launch(
+            operands=operands, results=(result.bind(),), intermediates=scratch, artifacts=pool
         )
         for _ in range(3):
             await launch_pipeline(recording, request)
@@ -66,14 +58,7 @@ async def test_a_relaunched_request_is_rechecked_for_what_can_change(
 async def test_cancelling_a_launch_that_owns_its_objects_releases_them() -> None:
     backend = accy.RecordingBackend(completion="manual")
     x, y = backend.allocate_buffer(20_000), backend.allocate_buffer(20_000)
-    request = PipelineLaunch(
-        pipeline=SEED_PIPELINE,
-        registry=SEED_REGISTRY,
-        format=PTX,
-        operands=[x.bind()],
-        results=[y.bind()],
-        runtime_scalar_arguments=ARGS,
-    )
+    request = seed_launch(operands=[x.bind()], results=[y.bind()])
     with anyio.move_on_after(0.05) as scope:
         await launch_pipeline(backend, request)  # waits for a device that never finishes
     assert scope.cancelled_caught
@@ -196,27 +181,27 @@ async def test_buffers_are_checked_against_the_documents_shapes_before_anything_
         backend.destroy_all([x, short, doubles, y])
 
 
-def test_a_bf16_shape_takes_the_uint16_array_it_is_uploaded_as() -> None:
+async def test_a_bf16_shape_takes_the_uint16_array_it_is_uploaded_as() -> None:
     """NumPy has no bfloat16: bf16 data is uploaded as uint16, and recorded as u16."""
-    from accy_async.pipeline import _check_shapes
-
     backend = accy.RecordingBackend()
     x = accy.upload(backend, np.ones(10, np.uint16))
+    y = backend.allocate_buffer(4 * 10)
 
     def request(dtype: p.DType) -> PipelineLaunch:
         shape = p.PipelineBuffer(name="x", dtype=dtype, extent=p.Fixed(10))
-        return PipelineLaunch(
-            pipeline=SEED_PIPELINE,
-            registry=SEED_REGISTRY,
+        return seed_launch(
             operands=[x.bind("read_only")],
+            results=[y.bind()],
+            runtime_scalar_arguments=(p.U32(10),),
             operand_shapes=[shape],
         )
 
-    _check_shapes(request(p.DType.BF16), ())
-    _check_shapes(request(p.DType.U16), ())
+    await launch_pipeline(backend, request(p.DType.BF16))
+    await launch_pipeline(backend, request(p.DType.U16))
     with pytest.raises(accy.LaunchArgumentMismatch, match="holds u16, the plan takes f16"):
-        _check_shapes(request(p.DType.F16), ())
-    backend.destroy(x)
+        await launch_pipeline(backend, request(p.DType.F16))
+    backend.destroy_all([x, y])
+    await backend.aclose()
 
 
 async def test_a_pool_used_on_a_stream_destroyed_since_still_waits_for_the_others() -> None:
@@ -227,18 +212,7 @@ async def test_a_pool_used_on_a_stream_destroyed_since_still_waits_for_the_other
     pool = await load_pipeline_artifacts(recording, SEED_PIPELINE, SEED_REGISTRY, PTX)
     scratch = await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS)
     for stream in (first, second):
-        request = PipelineLaunch(
-            pipeline=SEED_PIPELINE,
-            registry=SEED_REGISTRY,
-            format=PTX,
-            operands=(operand.bind("read_only"),),
-            results=(result.bind(),),
-            runtime_scalar_arguments=ARGS,
-            intermediates=scratch,
-            artifacts=pool,
-            stream=stream,
-        )
-        await launch_pipeline(recording, request)
+        await launch_pipeline(recording, seed_request(operand, result, scratch, pool, stream))
     recording.complete_stream(first)
     recording.destroy(first)
     kernels = [entry.loaded for entry in pool.entries]

@@ -21,10 +21,9 @@ from accy_async.pipeline import (
     load_pipeline_artifacts,
 )
 
-from .seed_fixtures import SEED_ENTRIES, SEED_PIPELINE, SEED_REGISTRY, seed_entries
-
-PTX = p.ArtifactFormat.CUDA_PTX
-ARGS = (p.U32(5000),)
+from .seed_fixtures import SEED_ARGUMENTS as ARGS
+from .seed_fixtures import SEED_ENTRIES, SEED_PIPELINE, SEED_REGISTRY, seed_entries, seed_launch
+from .seed_fixtures import SEED_FORMAT as PTX
 
 
 def external(backend: accy.RecordingBackend) -> accy.BufferBinding:
@@ -33,16 +32,10 @@ def external(backend: accy.RecordingBackend) -> accy.BufferBinding:
 
 
 def request(backend: accy.RecordingBackend, **changes: object) -> PipelineLaunch:
-    fields: dict[str, object] = {
-        "pipeline": SEED_PIPELINE,
-        "registry": SEED_REGISTRY,
-        "format": PTX,
-        "operands": [external(backend)],
-        "results": [external(backend)],
-        "runtime_scalar_arguments": ARGS,
-    }
-    fields.update(changes)
-    return PipelineLaunch(**fields)  # type: ignore[arg-type]
+    """The seed's launch over an external operand and result; ``changes`` replace fields."""
+    return seed_launch(
+        **({"operands": [external(backend)], "results": [external(backend)]} | changes)
+    )
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from accy_async import plan as p
 from accy_async.errors import PlanError
 
 from . import strategies
+from .plans import artifact_plan
 from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY
 
 PLAN_SETTINGS = settings(
@@ -68,12 +69,10 @@ def _graph_document() -> dict[str, Any]:
         argument_count=3,
         scalar_argument_count=1,
     )
-    plan = p.ArtifactPlan(
-        slots=(p.Slot(slot_id=1, byte_size=16), p.Slot(slot_id=2, byte_size=16)),
-        kernels=(
-            p.PlannedKernel(
-                kernel_id=7, work_item_id=0, artifact=spec, output_slot_id=2, input_slot_ids=(1,)
-            ),
+    plan = artifact_plan(
+        {1: 16, 2: 16},
+        p.PlannedKernel(
+            kernel_id=7, work_item_id=0, artifact=spec, output_slot_id=2, input_slot_ids=(1,)
         ),
     )
     graph = p.LaunchGraphPlan(

@@ -4,7 +4,6 @@ figures (``make reliability``)."""
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 import sniffio
 
@@ -14,6 +13,7 @@ from accy_async.pipeline import PipelineLaunch, launch_pipeline, load_pipeline_a
 from accy_async.testing import cancellation_sweep, fault_sweep
 
 from . import reliability
+from .plans import with_payloads
 from .reliability import EXPECTED, SCENARIOS, equals, load_test, tuning_scenario
 
 
@@ -66,15 +66,9 @@ async def test_a_thousand_callers_running_ten_pipelines_each() -> None:
 
 
 def _cpu_pipeline(kernel_name: str) -> p.PipelineDocument:
-    document = reliability.SCAN
-    entries = tuple(
-        msgspec.structs.replace(e, payload=p.CpuKernelPayload(kernel_name))
-        if e.format is p.ArtifactFormat.CPU
-        else e
-        for e in document.registry.entries
-    )
-    return p.PipelineDocument(
-        pipeline=document.pipeline, registry=p.KernelCallRegistry(entries=entries)
+    return with_payloads(
+        reliability.SCAN,
+        lambda e: p.CpuKernelPayload(kernel_name) if e.format is p.ArtifactFormat.CPU else None,
     )
 
 

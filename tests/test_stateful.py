@@ -31,7 +31,7 @@ from accy_async.errors import AccyError
 from accy_async.kernels import load_kernels
 from accy_async.testing import DEFAULT_FAULT_KINDS
 
-from .plans import geometry, planned, slots
+from .plans import artifact_plan, geometry, planned
 
 EXAMPLES = int(os.environ.get("ACCY_STATEFUL_EXAMPLES", "40"))
 RUNS = [0]
@@ -142,9 +142,9 @@ class BackendModel(RuleBasedStateMachine):
     def cancelled_load(self, checkpoints: int) -> None:
         """Load a plan's kernels and cancel after a few checkpoints: nothing may stay."""
         backend = self.backend
-        plan = p.ArtifactPlan(
-            slots=slots((1, 64)),
-            kernels=tuple(
+        plan = artifact_plan(
+            {1: 64},
+            *(
                 planned(backend, i, "block_probe", 1, launch_resources=geometry(1))
                 for i in range(3)
             ),

@@ -14,10 +14,9 @@ from accy_async.pipeline import (
     load_pipeline_artifacts,
 )
 
+from .seed_fixtures import SEED_ARGUMENTS as ARGS
+from .seed_fixtures import SEED_FORMAT as PTX
 from .seed_fixtures import SEED_PIPELINE, SEED_REGISTRY, seed_request
-
-PTX = accy.plan.ArtifactFormat.CUDA_PTX
-ARGS = (accy.plan.U32(5000),)
 
 
 class ForeignStream:

@@ -22,20 +22,20 @@ from accy_async.trust import (
 )
 
 from .conftest import needs_gpu
+from .plans import with_payloads
 
 CUDA = p.ArtifactFormat.CUDA_SOURCE
 
 
 def changed_document() -> p.PipelineDocument:
     """The built-in f32 prefix sum with one more line in each CUDA source: not trusted."""
-    document = library.load_builtin("prefix_sum_f32")
-    entries = tuple(
-        msgspec.structs.replace(entry, payload=p.TextPayload(entry.payload.text + "\n// mine\n"))
-        if isinstance(entry.payload, p.TextPayload)
-        else entry
-        for entry in document.registry.entries
-    )
-    return msgspec.structs.replace(document, registry=p.KernelCallRegistry(entries=entries))
+
+    def mine(entry: p.RegistryEntry) -> p.Payload | None:
+        if isinstance(entry.payload, p.TextPayload):
+            return p.TextPayload(entry.payload.text + "\n// mine\n")
+        return None
+
+    return with_payloads(library.load_builtin("prefix_sum_f32"), mine)
 
 
 def test_digests_cover_what_runs_and_how_it_is_called() -> None:

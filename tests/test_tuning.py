@@ -37,6 +37,7 @@ from accy_async.tuning.results import CandidateResult
 
 from . import kernels
 from .conftest import GPU_AVAILABLE, needs_gpu
+from .plans import artifact_plan, candidates
 from .tuning_fixtures import QUICK, fixed, probe_problem
 
 
@@ -322,21 +323,16 @@ async def test_results_feed_registry_entries_and_loaded_kernels(
     assert tuned.launch == fixed(128) and tuned.compile_options == ()
     assert result.tuned_artifact(problem) == problem.artifact
 
-    planned_candidates = tuple(
-        p.LaunchCandidate(geometry=p.LaunchGeometry(block=(block, 1, 1))) for block in (512, 128)
-    )
-    plan = p.ArtifactPlan(
-        slots=(p.Slot(slot_id=0, byte_size=64),),
-        kernels=(
-            p.PlannedKernel(
-                kernel_id=7,
-                work_item_id=0,
-                output_slot_id=0,
-                artifact=problem.artifact,
-                launch_resources=p.LaunchResources(candidates=planned_candidates),
-                runtime_scalar_argument_count=1,
-                runtime_scalar_defaults=(p.scalar("u32", 16),),
-            ),
+    plan = artifact_plan(
+        {0: 64},
+        p.PlannedKernel(
+            kernel_id=7,
+            work_item_id=0,
+            output_slot_id=0,
+            artifact=problem.artifact,
+            launch_resources=candidates(512, 128),
+            runtime_scalar_argument_count=1,
+            runtime_scalar_defaults=(p.scalar("u32", 16),),
         ),
     )
     from_plan = msgspec.structs.replace(problem, candidates=candidates_from_plan(plan.kernels[0]))

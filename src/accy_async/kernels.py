@@ -14,6 +14,7 @@ Dataflow graphs over loaded kernels are launched by
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -113,6 +114,14 @@ class CandidateBenchmarkOptions:
     samples: int = 5
     synchronize: CandidateSynchronization = "stream"
     base_options: LaunchOptions = field(default_factory=LaunchOptions)
+
+
+@functools.lru_cache(maxsize=1024)
+def _config_of(
+    grid: tuple[int, int, int], block: tuple[int, int, int], shared_memory_bytes: int
+) -> LaunchConfig:
+    """The :class:`LaunchConfig` of a geometry, made (and checked) once per geometry."""
+    return LaunchConfig(grid, block, shared_memory_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +252,7 @@ class LoadedKernels:
             self.loaded[kernel_index],
             buffers,
             scalars,
-            LaunchConfig(geometry.grid, geometry.block, geometry.shared_memory_bytes),
+            _config_of(geometry.grid, geometry.block, geometry.shared_memory_bytes),
             stream=options.stream,
             wait_events=options.wait_events,
             signal_event=options.signal_event,
@@ -316,10 +325,10 @@ class LoadedKernels:
             )
         launch_rule = planned.kernel_call_launch
         if isinstance(launch_rule, DerivedLaunch):
-            config = LaunchConfig(*launch_rule.resolve(runtime))
+            config = _config_of(*launch_rule.resolve(runtime))
         else:
             geometry = planned.candidate_geometry(tuning)
-            config = LaunchConfig(geometry.grid, geometry.block, geometry.shared_memory_bytes)
+            config = _config_of(geometry.grid, geometry.block, geometry.shared_memory_bytes)
         launcher = self._launchers[kernel_index]
         return PreparedLaunch(
             loaded=self.loaded[kernel_index],

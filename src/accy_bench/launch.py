@@ -100,13 +100,14 @@ def launch_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
 def _optional_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     try:
-        from cuda.core import Device, LaunchConfig, ObjectCode, launch
+        from cuda.core import Device, ObjectCode, launch
+        from cuda.core import LaunchConfig as CoreLaunchConfig
 
         device = Device(0)
         device.set_current()
         core_stream = device.create_stream()
         kernel = ObjectCode.from_cubin(rig.image.image).get_kernel("empty")
-        config = LaunchConfig(grid=1, block=32)
+        config = CoreLaunchConfig(grid=1, block=32)
         import numpy as np
 
         a, b = rig.a, rig.b
@@ -195,18 +196,16 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             driver().cuStreamSynchronize(stream.native)
             await wait_stream(backend, stream)
 
+        one_warp = LaunchConfig((1, 1, 1), (32, 1, 1))
+
         async def checked() -> None:
             for _ in range(BATCH):
-                backend.launch(
-                    loaded, buffers, scalars, LaunchConfig((1, 1, 1), (32, 1, 1)), stream=stream
-                )
+                backend.launch(loaded, buffers, scalars, one_warp, stream=stream)
 
         d = driver()
         raw_launch = d.cuLaunchKernel
         native = loaded.native  # its CUfunction and packed arguments (accy_async.backends.cuda)
-        backend.launch(
-            loaded, buffers, scalars, LaunchConfig((1, 1, 1), (32, 1, 1)), stream=stream
-        )  # packs
+        backend.launch(loaded, buffers, scalars, one_warp, stream=stream)  # packs
 
         def raw() -> None:
             for _ in range(BATCH):

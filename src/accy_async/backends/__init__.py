@@ -14,11 +14,12 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeAlias
 
 from ..errors import RuntimeUnavailable
-from ._completion import Completion, CompletionCallback, CompletionRegistration
-from ._device_info import DeviceIdentity, Limits, WaitPolicy
+from ._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
+from ._device_info import WAIT_POLICIES, DeviceIdentity, Limits, WaitPolicy, check_wait_policy
 from ._graph_exec import GraphExec, GraphNode, NodeArguments
 from ._handles import (
     DEFAULT_ALIGNMENT,
+    DEFAULT_STREAM_ID,
     Access,
     BufferBinding,
     BufferHandle,
@@ -48,7 +49,10 @@ from .forecast import Anticipation
 from .recording import FaultKind, RecordedLaunch, RecordingBackend
 
 __all__ = [
+    "ALREADY_FIRED",
     "DEFAULT_ALIGNMENT",
+    "DEFAULT_STREAM_ID",
+    "WAIT_POLICIES",
     "Access",
     "Anticipation",
     "Backend",
@@ -83,6 +87,7 @@ __all__ = [
     "SupportsCudaStream",
     "WaitPolicy",
     "auto_backend_choice",
+    "check_wait_policy",
     "cpu_kernel",
     "create_backend",
     "lookup_cpu_kernel",

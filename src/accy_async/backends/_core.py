@@ -174,8 +174,8 @@ class BackendCore(BackendPrimitives):
         orphans_wait, tokens = registry.take_ready()
         if orphans_wait:
             orphaned = registry.take_orphans()
-            while orphaned:
-                objects, stream = orphaned.pop()
+            while orphaned:  # popped, oldest first, so nothing here keeps them referenced after
+                objects, stream = orphaned.popleft()
                 live = [obj for obj in objects if self.owns(obj)]
                 self.defer_destroy(live, after=stream if stream and self.owns(stream) else None)
         done = registry.take_released(tokens)

@@ -7,8 +7,9 @@ stream, the waits and the signal stay per launch.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, SupportsIndex
 
 from ..errors import LaunchArgumentMismatch
 
@@ -17,22 +18,32 @@ __all__ = ["LaunchConfig"]
 _MAX_SHARED_MEMORY: Final = 1 << 20
 
 
-def _dim3(name: str, value: object) -> tuple[int, int, int]:
-    if (
-        not isinstance(value, tuple | list)
-        or len(value) != 3
-        or not all(type(v) is int and v > 0 for v in value)
-    ):
+def _dim3(name: str, value: Sequence[SupportsIndex]) -> tuple[int, int, int]:
+    """``value`` as three positive ints (NumPy ints too; not bools, not floats)."""
+    try:
+        x, y, z = value
+        if x.__class__ is not int or y.__class__ is not int or z.__class__ is not int:
+            x, y, z = _index(x), _index(y), _index(z)
+    except (TypeError, ValueError):
+        raise LaunchArgumentMismatch(f"{name} must be three positive ints, got {value!r}") from None
+    if x < 1 or y < 1 or z < 1:
         raise LaunchArgumentMismatch(f"{name} must be three positive ints, got {value!r}")
-    x, y, z = value
     return (x, y, z)
+
+
+def _index(value: object) -> int:
+    if isinstance(value, bool):
+        raise TypeError(value)
+    return operator.index(value)  # type: ignore[arg-type]
 
 
 class LaunchConfig:
     """A kernel launch's grid, block and dynamic shared memory; immutable and hashable.
 
-    ``grid`` and ``block`` are three positive ints each (a list is taken as a
-    tuple), ``shared_memory_bytes`` the dynamic shared memory per block.
+    ``grid`` and ``block`` are three positive ints each (any sequence of
+    three, NumPy ints too), ``shared_memory_bytes`` the dynamic shared
+    memory per block. Made once per stage or node and reused: making one
+    checks it (about a microsecond).
     :class:`~accy_async.errors.LaunchArgumentMismatch` when a dimension is not
     a positive int or the shared memory is negative (the device checks its
     own limits when the kernel launches).
@@ -48,13 +59,13 @@ class LaunchConfig:
 
     def __init__(
         self,
-        grid: Sequence[int],
-        block: Sequence[int],
+        grid: Sequence[SupportsIndex],
+        block: Sequence[SupportsIndex],
         shared_memory_bytes: int = 0,
     ) -> None:
         grid = _dim3("grid", grid)
         block = _dim3("block", block)
-        if type(shared_memory_bytes) is not int or not (
+        if shared_memory_bytes.__class__ is not int or not (
             0 <= shared_memory_bytes <= _MAX_SHARED_MEMORY
         ):
             raise LaunchArgumentMismatch(
@@ -69,6 +80,9 @@ class LaunchConfig:
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"LaunchConfig is immutable (tried to set {name})")
+
+    def __reduce__(self) -> tuple[type[LaunchConfig], tuple[object, ...]]:
+        return (LaunchConfig, (self.grid, self.block, self.shared_memory_bytes))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LaunchConfig) and self.dims == other.dims

@@ -127,9 +127,9 @@ class Registry:
         tokens.discard(_ORPHANS_TOKEN)
         return orphans, tokens
 
-    def take_orphans(self) -> list[tuple[list[DeviceObject], StreamHandle | None]]:
-        """The objects handed in from other threads so far (each with its stream)."""
-        taken = []
+    def take_orphans(self) -> deque[tuple[list[DeviceObject], StreamHandle | None]]:
+        """The objects handed in from other threads so far, oldest first (each with its stream)."""
+        taken: deque[tuple[list[DeviceObject], StreamHandle | None]] = deque()
         while self._orphans:
             taken.append(self._orphans.popleft())
         return taken

@@ -229,6 +229,10 @@ class Backend(BufferOperations, StreamOperations, GraphOperations):
             self.collect_deferred()
         if self._live.get(loaded.id) is not loaded:
             raise InvalidArtifact(f"{loaded!r} is not a live artifact of this backend")
+        if config.__class__ is not LaunchConfig:
+            raise LaunchArgumentMismatch(
+                f"the launch's geometry is a LaunchConfig, got {config!r}", path="$.config"
+            )
         artifact = loaded.artifact
         if len(buffers) != artifact.buffer_argument_count or len(scalars) != (
             artifact.scalar_argument_count
@@ -374,10 +378,10 @@ class Backend(BufferOperations, StreamOperations, GraphOperations):
             deferred = self._registry.take_released()
             while deferred:  # popped, so nothing here keeps them referenced after
                 self.destroy_all(deferred.pop())  # may drop an owned view's last reference
-            orphaned = self._registry.take_orphans()
-            while orphaned:
-                objects, _ = orphaned.pop()
-                self.destroy_all([obj for obj in objects if self.owns(obj)])
+            while orphaned := self._registry.take_orphans():  # also those handed in meanwhile
+                while orphaned:
+                    objects, _ = orphaned.popleft()
+                    self.destroy_all([obj for obj in objects if self.owns(obj)])
             leaked = self.live_handles()
             if leaked:
                 owned = [obj for obj in leaked if not is_external(obj)]

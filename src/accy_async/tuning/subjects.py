@@ -240,7 +240,7 @@ class KernelSubject(Subject):
         self._loaded = loaded
         self._buffers: tuple[BufferBinding, ...] = ()
         self._scalars = tuple(scalars)
-        self._grid, self._block, self._shared = geometry
+        self._config = LaunchConfig(*geometry)
 
     def bind(self, workspace: Workspace) -> None:
         """Launch on the workspace's buffers, in argument order."""
@@ -252,7 +252,7 @@ class KernelSubject(Subject):
             self._loaded,
             self._buffers,
             self._scalars,
-            LaunchConfig(self._grid, self._block, self._shared),
+            self._config,
             stream=stream,
         )
 

@@ -12,8 +12,8 @@ driver beside it: a stream's is its ``CUstream``, an event's its ``CUevent``;
 a buffer's has ``address``, the device pointer (``register_external_buffer``
 takes any object with one); a loaded artifact's has ``function``, the
 ``CUfunction``, and ``params``, the address of its packed ``void*`` argument
-array as the last launch left it (a raw ``cuLaunchKernel`` of the same
-arguments can reuse it).
+array as the last launch that was not prepared in advance left it (a raw
+``cuLaunchKernel`` of the same arguments can reuse it).
 """
 
 from __future__ import annotations

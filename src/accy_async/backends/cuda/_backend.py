@@ -137,10 +137,9 @@ class CudaBackend(Backend):
         device_state = DeviceState(
             self,
             self._context,
-            check_usable=self._check_usable,
+            health=self._health,
             poison=self.poison,
             poll_interval=poll_interval,
-            polled_from_loop=anticipation,
         )
         device_state.track(DEFAULT_STREAM_ID)
         self._device_state = device_state

@@ -24,6 +24,7 @@ from .driver import driver, translate
 from .reactor import CompletionReactor
 
 if TYPE_CHECKING:
+    from .._health import Health
     from ..base import Backend
 
 __all__ = ["DeviceState", "Record"]
@@ -54,25 +55,26 @@ class DeviceState:
     """The context's shared state; made by the backend, used by every part of it.
 
     ``owner`` is the backend, read through its public face only (``closed``,
-    ``fault``); ``check_usable`` raises its fault or closure; ``poison`` makes
-    a fault sticky. All of it is used from the event loop's thread but the
-    marker pool and the staging pool, which the reactor's thread uses too.
+    ``fault``, ``polled_from_loop``); ``health`` is its one state (what calls
+    raise once it is poisoned or closed); ``poison`` makes a fault sticky.
+    Used from the event loop's thread, but for what the reactor's thread uses
+    too: the marker and staging pools (locked), ``poison`` (a fault it sees),
+    and the ledgers' sightings (see :class:`~..forecast.Ledger`).
     """
 
     __slots__ = (
         "_markers",
         "_markers_lock",
-        "check_usable",
         "context",
         "event_flags",
         "forecast",
+        "health",
         "janitor",
         "launch_kernel",
         "ledgers",
         "not_ready",
         "owner",
         "poison",
-        "polled_from_loop",
         "reactor",
         "records",
         "staging",
@@ -84,17 +86,15 @@ class DeviceState:
         owner: Backend,
         context: Any,
         *,
-        check_usable: Callable[[], None],
+        health: Health,
         poison: Callable[[DeviceFault], None],
         poll_interval: float,
-        polled_from_loop: bool,
     ) -> None:
         d = driver()
         self.context = context
-        self.check_usable = check_usable
+        self.health = health
         self.poison = poison
         self.owner = owner
-        self.polled_from_loop = polled_from_loop
         self.success = d.CUresult.CUDA_SUCCESS
         self.not_ready = d.CUresult.CUDA_ERROR_NOT_READY
         self.event_flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING

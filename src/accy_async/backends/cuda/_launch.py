@@ -154,12 +154,15 @@ class CudaStageLauncher(StageLauncher):
             self._health.refuse()
         if stream is None:
             stream = self._default_stream
+        gx, gy, gz, bx, by, bz, shared = config.dims  # read before anything is enqueued
         device = self._device
         if wait_events:
             for event in wait_events:
                 device.wait(stream, event)
         kernel = self._kernel
-        (result,) = self._launch(kernel.function, *config.dims, stream.native, prepared[0], 0)
+        (result,) = self._launch(
+            kernel.function, gx, gy, gz, bx, by, bz, shared, stream.native, prepared[0], 0
+        )
         if result:
             device.fail(result, f"launching {self._name}")
         device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))

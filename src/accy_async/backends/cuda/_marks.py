@@ -66,7 +66,9 @@ class CudaStreamMark(Completion, StreamMark):
 
     def query(self) -> bool:
         device = self._device
-        device.check_usable()
+        health = device.health
+        if health.refusal is not None:
+            health.refuse()
         if self.done:
             return True
         (result,) = driver().cuEventQuery(self._marker)
@@ -81,7 +83,7 @@ class CudaStreamMark(Completion, StreamMark):
         return False
 
     def anticipate(self) -> Anticipation | None:
-        if not self._device.polled_from_loop:
+        if not self._device.owner.polled_from_loop:
             return None
         return self._ledger.anticipate(self._position)
 
