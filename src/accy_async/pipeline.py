@@ -33,6 +33,7 @@ public names are re-exported here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -58,12 +59,19 @@ from .backends import (
     Backend,
     BufferBinding,
     BufferHandle,
+    GraphExec,
+    LaunchConfig,
     LoadedArtifact,
     StageLauncher,
     StreamHandle,
     StreamLike,
 )
-from .errors import InvalidBuffer, LaunchArgumentMismatch
+from .errors import (
+    InvalidBuffer,
+    LaunchArgumentMismatch,
+    RuntimeUnavailable,
+    UnsupportedOperation,
+)
 from .plan import (
     ArtifactFormat,
     KernelCallPipeline,
@@ -91,6 +99,7 @@ __all__ = [
 ]
 
 _MEMO_CAPACITY: Final = 64
+_logger: Final = logging.getLogger("accy_async")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +131,17 @@ class PipelineLaunch:
     before anything launches. :meth:`of` fills it from a document."""
     result_shapes: Sequence[PipelineBuffer] = ()
     """The same for the results."""
+    graph: bool | None = None
+    """Whether the stages go to the device as one graph (see :meth:`Backend.instantiate_graph`).
+
+    ``None`` (the default) decides: a request of two or more stages relaunched
+    through a pool with its scratch goes as one graph, instantiated once per
+    geometry and kept by the pool (a relaunch of the same request patches
+    nothing: one submission for every stage); a backend that cannot make
+    graphs falls back to one launch per stage, saying so once in the log.
+    ``True``: every launch through a pool with its scratch goes as a graph
+    (arguments patched in as they change), and a failure to make one raises.
+    ``False``: one launch per stage, always."""
 
     @classmethod
     def of(
@@ -136,6 +156,7 @@ class PipelineLaunch:
         stream: StreamLike | None = None,
         format: ArtifactFormat | None = None,
         diagnostic_id: str | None = None,
+        graph: bool | None = None,
     ) -> PipelineLaunch:
         """A launch of ``document``'s pipeline whose buffers are checked against its shapes.
 
@@ -156,6 +177,7 @@ class PipelineLaunch:
             diagnostic_id=diagnostic_id,
             operand_shapes=document.operands,
             result_shapes=document.results,
+            graph=graph,
         )
 
 
@@ -227,11 +249,29 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             provided.streams_used.add(stream)
         sources = (operands, results, provided)
         stages = []
-        for stage_index, launcher in enumerate(pool.launchers):
-            buffers = _launch_stage(launcher, resolved, stage_index, sources, stream)
-            if seen_before:
-                prepared = launcher.prepare(buffers, resolved.stage_scalars[stage_index])
-                stages.append((launcher, prepared, resolved.configs[stage_index]))
+        arguments = tuple(
+            (
+                tuple([sources[source][index] for source, index in resolved.refs[stage_index]]),
+                resolved.stage_scalars[stage_index],
+            )
+            for stage_index in range(len(pool.launchers))
+        )
+        as_graph = request.graph is True or (
+            request.graph is None and seen_before and len(arguments) > 1
+        )
+        graph = _graph(pool, resolved.configs, request.graph) if as_graph else None
+        if graph is not None:
+            backend.launch_graph_exec_trusted(graph, arguments, stream)
+        else:
+            for launcher, (buffers, scalars), config in zip(
+                pool.launchers, arguments, resolved.configs, strict=True
+            ):
+                launcher(buffers, scalars, config, stream)
+        if seen_before:
+            for launcher, (buffers, scalars), config in zip(
+                pool.launchers, arguments, resolved.configs, strict=True
+            ):
+                stages.append((launcher, launcher.prepare(buffers, scalars), config))
         # A request seen for the first time is only remembered (packing costs more than a
         # launch, and most requests come once); launched again, it is packed to relaunch.
         if not seen_before:
@@ -242,7 +282,14 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         pool.seen.pop(id(request), None)
         immutable = all(isinstance(each, tuple | PipelineIntermediates) for each in sources)
         pool.memos[id(request)] = LaunchMemo(
-            request, stream, sources, (*operands, *results, *provided), tuple(stages), immutable
+            request,
+            stream,
+            sources,
+            (*operands, *results, *provided),
+            tuple(stages),
+            arguments if as_graph else None,
+            resolved.configs,
+            immutable,
         )
         if len(pool.memos) > _MEMO_CAPACITY:
             pool.memos.popitem(last=False)
@@ -342,9 +389,39 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo) ->
     if isinstance(intermediates, PipelineIntermediates):
         intermediates.streams_used.add(stream)
     pool.streams_used.add(stream)
+    if memo.graph_arguments is not None:
+        graph = _graph(pool, memo.configs, memo.request.graph)
+        if graph is not None:
+            backend.launch_graph_exec_trusted(graph, memo.graph_arguments, stream)
+            return True
     for launcher, prepared, config in memo.stages:
         launcher.launch_prepared(prepared, config, stream)
     return True
+
+
+def _graph(
+    pool: PipelineArtifactPool, configs: tuple[LaunchConfig, ...], wanted: bool | None
+) -> GraphExec | None:
+    """The pool's graph of its stages at ``configs``; ``None`` where graphs are unavailable.
+
+    ``wanted`` is the request's ``graph``: with ``True`` a failure to make the
+    graph raises; with ``None`` the pool falls back to launches per stage from
+    then on, and says so once in the log.
+    """
+    if pool.graphs_unavailable is not None and wanted is not True:
+        return None
+    try:
+        return pool.graph_for(configs)
+    except (RuntimeUnavailable, UnsupportedOperation) as exc:
+        if wanted is True:
+            raise
+        pool.graphs_unavailable = str(exc)
+        _logger.warning(
+            "accy-async: the %s pipeline launches stage by stage: no graph (%s)",
+            pool.target,
+            exc,
+        )
+        return None
 
 
 def _launch_stage(
