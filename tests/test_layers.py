@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends",),
     ("_loops",),
     ("waiting",),
-    ("kernels", "pipeline", "_pipeline_pool", "_pipeline_program", "graph"),
+    ("_graph_cache", "kernels", "pipeline", "_pipeline_pool", "_pipeline_program", "graph"),
     ("library", "trust"),
     ("buffers", "interop", "arrays", "call", "_call_intake", "_call_lane"),
     ("tuning",),

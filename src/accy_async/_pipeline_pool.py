@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, overload
+from typing import TYPE_CHECKING, Any, overload
 
+from ._graph_cache import GraphCache
 from ._loops import checkpoint
 from ._pipeline_program import Program, choose_format, intermediate_byte_size, program_of
 from .backends import (
@@ -43,7 +44,6 @@ if TYPE_CHECKING:  # the launch sits above its pool; the pool only remembers lau
     from .pipeline import PipelineLaunch
 
 __all__ = [
-    "GRAPH_CAPACITY",
     "LaunchMemo",
     "PipelineArtifactPool",
     "PipelineIntermediates",
@@ -52,10 +52,6 @@ __all__ = [
     "allocate_pipeline_intermediates",
     "load_pipeline_artifacts",
 ]
-
-
-GRAPH_CAPACITY: Final = 16
-"""Geometries a pool keeps an instantiated graph for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,35 +97,21 @@ class PipelineArtifactPool:
         """Requests launched more than once, checked and packed for their relaunches."""
         self.seen: OrderedDict[int, PipelineLaunch] = OrderedDict()
         """Requests launched once (by id): a second launch packs them into a memo."""
-        self.graphs: OrderedDict[tuple[LaunchConfig, ...], GraphExec] = OrderedDict()
-        """The stages as one instantiated graph, per geometry (a bounded cache)."""
-        self.graphs_unavailable: str | None = None
-        """Why graphs are not used with this pool (its backend could not instantiate one)."""
+        self.graphs = GraphCache(backend)
+        """The stages as one instantiated graph, per geometry."""
 
-    def graph_for(self, configs: tuple[LaunchConfig, ...]) -> GraphExec:
-        """The stages at ``configs`` as one graph, instantiated on first use and cached.
-
-        The cache holds :data:`GRAPH_CAPACITY` geometries; the least recently
-        used one beyond is destroyed once the streams the pool ran on are done
-        with it. Raises what the backend raises when it cannot instantiate.
-        """
-        graph = self.graphs.get(configs)
-        if graph is not None:
-            self.graphs.move_to_end(configs)
-            return graph
-        nodes = [
-            GraphNode(entry.loaded, config, after=(index - 1,) if index else ())
-            for index, (entry, config) in enumerate(zip(self.entries, configs, strict=True))
-        ]
-        graph = self.graphs[configs] = self.backend.instantiate_graph(nodes)
-        if len(self.graphs) > GRAPH_CAPACITY:
-            _, evicted = self.graphs.popitem(last=False)
-            self.backend.defer_destroy([evicted], after=self._live_streams())
-        return graph
-
-    def _live_streams(self) -> list[StreamHandle | None]:
-        backend = self.backend
-        return [s for s in self.streams_used if s is None or backend.owns(s)]
+    def graph_for(self, configs: tuple[LaunchConfig, ...], wanted: bool | None) -> GraphExec | None:
+        """The stages at ``configs`` as one graph (see :class:`GraphCache`)."""
+        return self.graphs.get(
+            configs,
+            lambda: [
+                GraphNode(entry.loaded, config, after=(index - 1,) if index else ())
+                for index, (entry, config) in enumerate(zip(self.entries, configs, strict=True))
+            ],
+            lambda: self.streams_used,
+            wanted=wanted,
+            what=f"the {self.target} pipeline",
+        )
 
     def accept(self, backend: Backend, program: Program, format: ArtifactFormat) -> None:
         """Check that the pool fits a launch of ``program`` in ``format`` on ``backend``.
@@ -166,8 +148,7 @@ class PipelineArtifactPool:
             await checkpoint()
             return
         self.closed = True
-        graphs = list(self.graphs.values())
-        self.graphs.clear()
+        graphs = self.graphs.take_all()
         await release_when_idle(
             self.backend,
             [*graphs, *(entry.loaded for entry in self.entries)],

@@ -69,8 +69,6 @@ from .backends import (
 from .errors import (
     InvalidBuffer,
     LaunchArgumentMismatch,
-    RuntimeUnavailable,
-    UnsupportedOperation,
 )
 from .plan import (
     ArtifactFormat,
@@ -402,26 +400,8 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo) ->
 def _graph(
     pool: PipelineArtifactPool, configs: tuple[LaunchConfig, ...], wanted: bool | None
 ) -> GraphExec | None:
-    """The pool's graph of its stages at ``configs``; ``None`` where graphs are unavailable.
-
-    ``wanted`` is the request's ``graph``: with ``True`` a failure to make the
-    graph raises; with ``None`` the pool falls back to launches per stage from
-    then on, and says so once in the log.
-    """
-    if pool.graphs_unavailable is not None and wanted is not True:
-        return None
-    try:
-        return pool.graph_for(configs)
-    except (RuntimeUnavailable, UnsupportedOperation) as exc:
-        if wanted is True:
-            raise
-        pool.graphs_unavailable = str(exc)
-        _logger.warning(
-            "accy-async: the %s pipeline launches stage by stage: no graph (%s)",
-            pool.target,
-            exc,
-        )
-        return None
+    """The pool's graph of its stages at ``configs``; ``None`` where graphs are unavailable."""
+    return pool.graph_for(configs, wanted)
 
 
 def _launch_stage(

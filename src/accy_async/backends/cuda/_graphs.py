@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._graph_exec import GraphExec, GraphNode, NodeArguments
 from .._handles import EventHandle, StreamHandle
-from .driver import driver
+from .driver import driver, libcuda
 
 if TYPE_CHECKING:
     from ._device import DeviceState
@@ -29,36 +29,94 @@ if TYPE_CHECKING:
 __all__ = ["CudaGraph", "destroy_graph", "instantiate_graph", "launch_graph"]
 
 
-class CudaGraph:
-    """An instantiated CUDA graph and, per node, its argument storage and last arguments."""
+class _NodeParams(ctypes.Structure):
+    """``CUDA_KERNEL_NODE_PARAMS_v2``, for ``cuGraphExecKernelNodeSetParams_v2`` through ctypes.
+
+    Patching a node is the per-call cost of a graph with new arguments: called
+    through ctypes with this prepared struct it costs a fraction of what
+    cuda-python's wrapper (which converts its own struct each call) costs.
+    """
+
+    _fields_ = (
+        ("func", ctypes.c_void_p),
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("kernelParams", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+        ("kern", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p),
+    )
+
+
+_set_params: Any = None
+
+
+def _node_setter() -> Any:
+    """``cuGraphExecKernelNodeSetParams_v2`` from the driver library, typed for ctypes."""
+    global _set_params
+    if _set_params is None:
+        function = libcuda().cuGraphExecKernelNodeSetParams_v2
+        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        function.restype = ctypes.c_int
+        _set_params = function
+    return _set_params
+
+
+def _graph_features(total_threads: Any) -> tuple[float, ...]:
+    """A graph launch's one feature for the forecast: the threads of all its nodes."""
+    return (float(total_threads),)
+
+
+class _NodeState:
+    """One node's argument storage, its prepared params, and the scalars last packed."""
 
     __slots__ = (
-        "exec",
-        "graph",
-        "handles",
-        "kernels",
-        "last",
-        "last_arguments",
-        "last_values",
+        "address",
+        "handle",
+        "kernel",
+        "packer",
         "params",
+        "params_address",
         "pointers",
+        "scalars",
         "slots",
+        "values",
     )
+
+    def __init__(self, kernel: Kernel, handle: Any, slots: Any, pointers: Any) -> None:
+        self.kernel = kernel
+        self.handle = handle
+        self.address = int(handle)
+        self.params_address = 0
+        self.slots = slots
+        self.pointers = pointers
+        self.params: Any = None
+        self.scalars: object = None
+        self.values: tuple[int | float, ...] = ()
+        self.packer: struct.Struct | None = None
+
+
+class CudaGraph:
+    """An instantiated CUDA graph, its template, and each node's argument storage."""
+
+    __slots__ = ("cost", "exec", "exec_address", "graph", "last_arguments", "nodes", "threads")
 
     def __init__(self) -> None:
         self.graph: Any = None
-        """The graph the executable was made from: its nodes are how updates name them."""
+        """The graph the executable was made from (kept: its nodes are how updates name them)."""
         self.exec: Any = None
-        self.handles: list[Any] = []
-        self.kernels: list[Kernel] = []
-        self.params: list[Any] = []
-        self.slots: list[Any] = []
-        self.pointers: list[Any] = []
-        self.last: list[bytes | None] = []
-        """Each node's packed arguments as last patched in (``None``: never)."""
+        self.exec_address = 0
+        self.nodes: list[_NodeState] = []
         self.last_arguments: object = None
         """The arguments object of the last launch: the same object again patches nothing."""
-        self.last_values: list[tuple[int | float, ...]] = []
+        self.cost: Any = None
+        """The forecast's model of one launch of the whole graph."""
+        self.threads = 0
 
 
 def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGraph:
@@ -75,6 +133,7 @@ def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGr
             pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
             params = d.CUDA_KERNEL_NODE_PARAMS()
             params.func = kernel.function
+            dims = node.config.dims
             (
                 params.gridDimX,
                 params.gridDimY,
@@ -83,23 +142,29 @@ def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGr
                 params.blockDimY,
                 params.blockDimZ,
                 params.sharedMemBytes,
-            ) = node.config.dims
+            ) = dims
             params.kernelParams = ctypes.addressof(pointers)
-            dependencies = [built.handles[before] for before in node.after]
+            dependencies = [built.nodes[before].handle for before in node.after]
             handle = device.value(
                 d.cuGraphAddKernelNode(graph, dependencies, len(dependencies), params),
                 f"adding {node.loaded.artifact.spec.kernel_name} to a graph",
             )
-            built.handles.append(handle)
-            built.kernels.append(kernel)
-            built.params.append(params)
-            built.slots.append(slots)
-            built.pointers.append(pointers)
-            built.last.append(None)
+            state = _NodeState(kernel, handle, slots, pointers)
+            state.params = _NodeParams(
+                int(kernel.function), *dims, ctypes.addressof(pointers), None, None, None
+            )
+            state.params_address = ctypes.addressof(state.params)
+            built.nodes.append(state)
+            built.threads += dims[0] * dims[1] * dims[2] * dims[3] * dims[4] * dims[5]
         built.exec = device.value(d.cuGraphInstantiate(graph, 0), "instantiating a graph")
     except BaseException:
         d.cuGraphDestroy(graph)
         raise
+    built.exec_address = int(built.exec)
+    built.cost = device.forecast.model(
+        ("graph", id(built)), f"graph of {len(nodes)} nodes", _graph_features
+    )
+    _node_setter()
     return built
 
 
@@ -118,51 +183,34 @@ def launch_graph(
     wait_events: Sequence[EventHandle],
     signal_event: EventHandle | None,
 ) -> None:
-    """Patch the nodes whose arguments changed, then launch the graph on ``stream``."""
+    """Patch every node with its arguments (unless they are the last launch's), then launch."""
     built: CudaGraph = graph.native
-    d = driver()
-    if arguments is built.last_arguments:  # a relaunch of the very same arguments
-        _submit(device, graph, built, stream, wait_events, signal_event)
-        return
-    built.last_arguments = None  # until every node is patched
-    values_of = built.last_values = []
-    for index, (buffers, scalars) in enumerate(arguments):
-        kernel = built.kernels[index]
-        values = tuple([argument.value for argument in scalars])
-        values_of.append(values)
-        packer: struct.Struct = kernel.packer(
-            len(buffers), tuple([argument.type_name for argument in scalars])
-        )
-        packed = packer.pack(*[binding.address for binding in buffers], *values)
-        if packed != built.last[index]:
-            ctypes.memmove(built.slots[index], packed, len(packed))
-            device.check(
-                d.cuGraphExecKernelNodeSetParams(
-                    built.exec, built.handles[index], built.params[index]
-                ),
-                "updating a graph's node",
+    if arguments is not built.last_arguments:
+        built.last_arguments = None  # until every node is patched
+        set_params = _set_params
+        exec_address = built.exec_address
+        for state, (buffers, scalars) in zip(built.nodes, arguments, strict=True):
+            if scalars is not state.scalars:
+                state.scalars = scalars
+                state.values = tuple([argument.value for argument in scalars])
+                state.packer = state.kernel.packer(
+                    len(buffers), tuple([argument.type_name for argument in scalars])
+                )
+            packer = state.packer
+            assert packer is not None
+            packer.pack_into(
+                state.slots, 0, *[binding.address for binding in buffers], *state.values
             )
-            built.last[index] = packed
-    built.last_arguments = arguments
-    _submit(device, graph, built, stream, wait_events, signal_event)
-
-
-def _submit(
-    device: DeviceState,
-    graph: GraphExec,
-    built: CudaGraph,
-    stream: StreamHandle,
-    wait_events: Sequence[EventHandle],
-    signal_event: EventHandle | None,
-) -> None:
+            result = set_params(exec_address, state.address, state.params_address)
+            if result:
+                device.fail(result, "updating a graph's node")
+        built.last_arguments = arguments
     d = driver()
     for event in wait_events:
         device.wait(stream, event)
     (result,) = d.cuGraphLaunch(built.exec, stream.native)
     if int(result):
         device.fail(result, "launching a graph")
-    ledger = device.ledgers[stream.id]
-    for node, kernel, values in zip(graph.nodes, built.kernels, built.last_values, strict=True):
-        ledger.enqueue(kernel.cost, (node.config.grid, node.config.block, values))
+    device.ledgers[stream.id].enqueue(built.cost, built.threads)
     if signal_event is not None:
         device.record(signal_event, stream)
