@@ -35,7 +35,8 @@ import msgspec
 from ._cache import IdentityCache
 from ._loops import admit, checkpoint
 from .backends import Backend, BufferBinding, DeviceObject, EventHandle, StreamHandle, StreamLike
-from .errors import InvalidArtifact, InvalidBuffer, LaunchArgumentMismatch
+from .backends import GraphNode as BackendGraphNode
+from .errors import InvalidArtifact, InvalidBuffer, LaunchArgumentMismatch, UnsupportedOperation
 from .kernels import (
     ElementCountBufferBinding,
     LaunchOptions,
@@ -156,7 +157,7 @@ class GraphRun:
             await self.wait()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Schedule:
     """What a graph needs at launch time, derived once per (graph, plan)."""
 
@@ -173,6 +174,13 @@ class _Schedule:
     loop_at: Mapping[int, GraphLoop]
     completion_producer: tuple[int, ...]
     """Per node, the first producer at or after it on its stream (-1: the stream's end)."""
+    unrolled: tuple[tuple[int, int], ...]
+    """The launches in enqueue order as ``(node index, iteration)`` (-1 outside loops)."""
+    unrolled_after: tuple[tuple[int, ...], ...]
+    """Per launch of ``unrolled``, the earlier launches it follows: its stream's previous
+    one, and its producers on other streams (as graph edges)."""
+    graph_refusal: str | None
+    """Why the graph cannot run as one device graph (``None``: it can)."""
 
 
 _schedules: IdentityCache[_Schedule] = IdentityCache(64)
@@ -209,6 +217,10 @@ def _schedule(graph: LaunchGraphPlan, plan: ArtifactPlan) -> _Schedule:
         if index in producers:
             following[nodes[index].stream] = index
         completion_producer[index] = following.get(nodes[index].stream, -1)
+    unrolled, unrolled_after = _unroll(graph, uses_events, cross)
+    refusal = None
+    if any(node.wait_events or node.signal_event is not None for node in nodes):
+        refusal = "its nodes wait for or signal the caller's events"
     schedule = _Schedule(
         graph=graph,
         plan=plan,
@@ -219,8 +231,55 @@ def _schedule(graph: LaunchGraphPlan, plan: ArtifactPlan) -> _Schedule:
         cross_waits=tuple(tuple(sorted(set(waits))) for waits in cross),
         loop_at={loop.first_node_index: loop for loop in graph.loops},
         completion_producer=tuple(completion_producer),
+        unrolled=unrolled,
+        unrolled_after=unrolled_after,
+        graph_refusal=refusal,
     )
     return _schedules.put((graph, plan), schedule)
+
+
+def _unroll(
+    graph: LaunchGraphPlan, uses_events: bool, cross: Sequence[Sequence[int]]
+) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, ...], ...]]:
+    """Every launch the eager runner enqueues, in its order, with what each follows.
+
+    Host order repeats a loop's nodes ``trip_count`` times; with dependency
+    events every node runs once (as :meth:`_Run.enqueue_with_events` does).
+    """
+    nodes = graph.nodes
+    order: list[tuple[int, int]] = []
+    after: list[tuple[int, ...]] = []
+    last_on_stream: dict[int | None, int] = {}
+    last_of: dict[int, int] = {}
+
+    def add(index: int, iteration: int) -> None:
+        follows = set()
+        stream = nodes[index].stream
+        if stream in last_on_stream:
+            follows.add(last_on_stream[stream])
+        for producer in cross[index]:
+            follows.add(last_of[producer])
+        last_on_stream[stream] = last_of[index] = len(order)
+        order.append((index, iteration))
+        after.append(tuple(sorted(follows)))
+
+    if uses_events:
+        for index in range(len(nodes)):
+            add(index, -1)
+        return tuple(order), tuple(after)
+    loop_at = {loop.first_node_index: loop for loop in graph.loops}
+    index = 0
+    while index < len(nodes):
+        loop = loop_at.get(index)
+        if loop is None:
+            add(index, -1)
+            index += 1
+            continue
+        for iteration in range(loop.trip_count):
+            for member in range(loop.first_node_index, loop.first_node_index + loop.node_count):
+                add(member, iteration)
+        index += loop.node_count
+    return tuple(order), tuple(after)
 
 
 def _crosses_streams(nodes: Sequence[GraphNode], dependency: GraphDependency) -> bool:
@@ -238,6 +297,7 @@ async def launch_graph(
     streams: Sequence[StreamLike] | None = None,
     events: Sequence[EventHandle] = (),
     default_stream: StreamLike | None = None,
+    device_graph: bool | None = None,
 ) -> GraphRun:
     """Enqueue every node of ``graph`` and return once all are enqueued.
 
@@ -248,6 +308,21 @@ async def launch_graph(
     libraries' (see :meth:`~accy_async.backends.base.Backend.adopt_stream`). The returned
     :class:`GraphRun` awaits the whole graph or any node. See the module
     docstring for how errors and cancellation are handled.
+
+    ``device_graph`` chooses whether every launch goes to the device as one
+    graph (see :meth:`~accy_async.backends.Backend.instantiate_graph`): its
+    nodes' dependencies are the graph's edges (a node follows the previous
+    node of its stream and its producers on other streams), loops unrolled;
+    the graph is instantiated once per launch graph and kept by ``kernels``,
+    and each run patches in its buffers. It runs on the stream of the first
+    node; the run's other streams wait (on the device) for its end, so every
+    stream and node completes as it would otherwise (a node, no earlier
+    than the graph's end). ``None`` (the default) decides: a launch graph of
+    two or more launches, launched through these kernels before, goes as one
+    graph where it can (not when its nodes wait for or signal the caller's
+    events, or a kernel fills scratch first; then node by node). ``True``
+    insists (:class:`~accy_async.errors.UnsupportedOperation` where it
+    cannot); ``False`` never.
     """
     await admit()
     plan = kernels.artifact_plan
@@ -263,6 +338,16 @@ async def launch_graph(
             f"the graph uses {graph.stream_count} streams, {len(streams)} were given"
         )
     backend = kernels.backend
+    as_graph = device_graph is True or (
+        device_graph is None
+        and kernels.launched_before(schedule)
+        and len(schedule.unrolled) > 1
+        and schedule.graph_refusal is None
+    )
+    if device_graph is True and schedule.graph_refusal is not None:
+        raise UnsupportedOperation(
+            f"this launch graph cannot run as one device graph: {schedule.graph_refusal}"
+        )
     slots = slot_bindings if isinstance(slot_bindings, Mapping) else slot_map(slot_bindings)
     counts = {entry.kernel_id: entry.binding for entry in element_count_buffers}
     prepared = [
@@ -272,7 +357,7 @@ async def launch_graph(
             counts.get(kernels.kernel_ids[kernel_index]),
             tuning=node.tuning,
             runtime_scalar_arguments=node.runtime_scalar_arguments,
-            pack=True,
+            pack=not as_graph,
         )
         for kernel_index, node in schedule.variants
     ]
@@ -300,9 +385,13 @@ async def launch_graph(
             default,
             owned,
         )
-        if schedule.uses_events:
+        if as_graph and run.enqueue_as_device_graph(device_graph):
+            await checkpoint()
+        elif schedule.uses_events:
+            run.pack()
             await run.enqueue_with_events()
         else:
+            run.pack()
             await run.enqueue_host_order()
         result = run.finish()
     except BaseException:
@@ -347,6 +436,74 @@ class _Run:
         self.dependency_events: dict[int, EventHandle] = {}
         self.launches = 0
 
+    # ----- one device graph ----------------------------------------------------------------
+
+    def enqueue_as_device_graph(self, wanted: bool | None) -> bool:
+        """Enqueue the whole run as one device graph.
+
+        ``False`` (nothing enqueued, every launch packed for the eager path)
+        where it cannot be one and ``wanted`` is not ``True``.
+        """
+        schedule = self.schedule
+        loops = {loop.first_node_index: loop for loop in schedule.graph.loops if loop.carries}
+        loop_of: dict[int, GraphLoop] = {}
+        for loop in loops.values():
+            for member in range(loop.first_node_index, loop.first_node_index + loop.node_count):
+                loop_of[member] = loop
+        variants = {first: self._loop_variants(loop, pack=False) for first, loop in loops.items()}
+        launches: list[PreparedLaunch] = []
+        for index, iteration in schedule.unrolled:
+            carrying = loop_of.get(index)
+            if carrying is not None and iteration >= 0:
+                prepared = variants[carrying.first_node_index][iteration % 2]
+                launches.append(prepared[index - carrying.first_node_index])
+            else:
+                launches.append(self.prepared[schedule.node_variant[index]])
+        if any(prepared.fills for prepared in launches):
+            if wanted is True:
+                raise UnsupportedOperation(
+                    "this launch graph cannot run as one device graph: a kernel fills scratch"
+                )
+            self.pack()
+            return False
+        kernels = self.kernels
+        after = schedule.unrolled_after
+        graph = kernels.device_graphs.get(
+            schedule,
+            lambda: [
+                BackendGraphNode(prepared.loaded, prepared.config, after=after[position])
+                for position, prepared in enumerate(launches)
+            ],
+            lambda: kernels.streams_used,
+            wanted=wanted,
+            what="the launch graph",
+        )
+        if graph is None:
+            self.pack()
+            return False
+        backend = self.backend
+        stream = self.node_streams[0]
+        kernels.track_stream(stream)
+        backend.launch_graph_exec_trusted(
+            graph, tuple([(prepared.buffers, prepared.scalars) for prepared in launches]), stream
+        )
+        self.launches += len(launches)
+        others = [each for each in self.used_streams if each is not stream]
+        if others:  # the run's other streams end with the graph, as they would node by node
+            end = backend.create_event()
+            self.owned.append(end)
+            backend.record_event(end, stream)
+            for other in others:
+                backend.wait_event(other, end)
+        return True
+
+    def pack(self) -> None:
+        """Pack each distinct launch for trusted enqueues (the graph path leaves them unpacked)."""
+        kernels = self.kernels
+        for index, prepared in enumerate(self.prepared):
+            if prepared.arguments is None:
+                self.prepared[index] = kernels.repack(prepared)
+
     # ----- host order ----------------------------------------------------------------------
 
     async def enqueue_host_order(self) -> None:
@@ -377,7 +534,9 @@ class _Run:
                 if not self.launches % _YIELD_EVERY:
                     await checkpoint()
 
-    def _loop_variants(self, loop: GraphLoop) -> tuple[list[PreparedLaunch], list[PreparedLaunch]]:
+    def _loop_variants(
+        self, loop: GraphLoop, *, pack: bool = True
+    ) -> tuple[list[PreparedLaunch], list[PreparedLaunch]]:
         """The loop's launches for even and odd iterations (carried slots swapped)."""
         first, end = loop.first_node_index, loop.first_node_index + loop.node_count
         if not loop.carries:
@@ -400,7 +559,7 @@ class _Run:
                     self.counts.get(kernel_ids[node.kernel_index]),
                     tuning=node.tuning,
                     runtime_scalar_arguments=node.runtime_scalar_arguments,
-                    pack=True,
+                    pack=pack,
                 )
                 for node in self.schedule.graph.nodes[first:end]
             ]

@@ -14,12 +14,15 @@ Dataflow graphs over loaded kernels are launched by
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
+from ._graph_cache import GraphCache
 from ._loops import checkpoint
 from .backends import (
     Access,
@@ -184,6 +187,32 @@ class LoadedKernels:
         self._closed = False
         self._slots: dict[int, Slot] = {slot.slot_id: slot for slot in artifact_plan.slots}
         self._launchers = tuple(backend.stage_launcher(each) for each in self.loaded)
+        self.device_graphs = GraphCache(backend)
+        """Launch graphs run through these kernels as one device graph, by schedule."""
+        self._launched_before: OrderedDict[int, object] = OrderedDict()
+
+    def launched_before(self, key: object) -> bool:
+        """Whether ``key`` (a launch graph's schedule) was launched through these kernels.
+
+        Remembers it for next time (the most recent 64 keys).
+        """
+        seen = self._launched_before
+        if seen.get(id(key)) is key:
+            seen.move_to_end(id(key))
+            return True
+        seen[id(key)] = key
+        if len(seen) > 64:
+            seen.popitem(last=False)
+        return False
+
+    def track_stream(self, stream: StreamLike | None) -> None:
+        """Note that work of these kernels was enqueued on ``stream`` (closing waits for it)."""
+        self._streams_used.add(stream)
+
+    @property
+    def streams_used(self) -> list[StreamHandle | None]:
+        """The streams work of these kernels was enqueued on (live or not)."""
+        return [s for s in self._streams_used if s is None or type(s) is StreamHandle]
 
     @property
     def kernel_count(self) -> int:
@@ -384,6 +413,12 @@ class LoadedKernels:
             diagnostic_id=prepared.diagnostic_id,
         )
 
+    def repack(self, prepared: PreparedLaunch) -> PreparedLaunch:
+        """``prepared`` with its arguments packed for trusted enqueues (as ``pack=True`` does)."""
+        return dataclasses.replace(
+            prepared, arguments=prepared.launcher.prepare(prepared.buffers, prepared.scalars)
+        )
+
     def check_live(self, prepared: PreparedLaunch) -> None:
         """Raise :class:`InvalidBuffer` unless every buffer of ``prepared`` is live here."""
         if not self.backend.owns(prepared.loaded):
@@ -481,7 +516,9 @@ class LoadedKernels:
             return
         self._closed = True
         streams = list(self._streams_used)
-        await release_when_idle(self.backend, self.loaded, streams)
+        await release_when_idle(
+            self.backend, [*self.device_graphs.take_all(), *self.loaded], streams
+        )
 
     async def __aenter__(self) -> LoadedKernels:
         return self
