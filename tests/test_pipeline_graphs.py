@@ -1,8 +1,8 @@
 """Pipelines as one graph: the same bytes as stage-by-stage launches, chosen as documented.
 
 A request relaunched through a pool with its scratch goes to the device as one
-instantiated graph (``graph=None``), always with ``graph=True``, never with
-``graph=False``; results are identical on every executing backend for every
+instantiated graph (``device_graph=None``), always with ``True``, never with
+``False``; results are identical on every executing backend for every
 built-in pipeline; a backend that cannot make graphs falls back (and says so);
 faults in instantiation and launch leave nothing behind.
 """
@@ -72,7 +72,7 @@ async def test_every_builtin_pipeline_gives_the_same_bytes_as_one_graph(
                 intermediates=scratch,
                 artifacts=pool,
                 stream=stream,
-                graph=mode,
+                device_graph=mode,
             )
             for _ in range(3):  # the automatic choice makes a graph from the second launch
                 await launch_pipeline(backend, request)
@@ -107,7 +107,7 @@ def _request(
         runtime_scalar_arguments=_scalars(name, N),
         intermediates=scratch,
         artifacts=pool,
-        graph=graph,
+        device_graph=graph,
     )
 
 
@@ -193,7 +193,7 @@ async def test_a_pool_keeps_a_bounded_number_of_graphs() -> None:
             request = PipelineLaunch.of(
                 document, operands=(x.bind("read_only"),), results=(y.bind(),),
                 runtime_scalar_arguments=(p.U32(n),), intermediates=scratch, artifacts=pool,
-                graph=True,
+                device_graph=True,
             )  # fmt: skip
             await launch_pipeline(backend, request)
         await accy.wait_stream(backend)

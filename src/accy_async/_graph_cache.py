@@ -2,8 +2,10 @@
 
 Keyed by what fixes a graph's topology and geometry (a plan and each node's
 :class:`~accy_async.backends.LaunchConfig`); the least recently used graph
-beyond the capacity is destroyed once the streams it ran on are done with
-it. A backend that cannot instantiate graphs is remembered (``unavailable``)
+beyond the capacity is retired, and retired graphs are destroyed once every
+stream the owner ran on is seen idle (checked, without waiting, whenever a
+graph is made), or with the owner when it closes: never while a launch of
+them may still run. A backend that cannot instantiate graphs is remembered (``unavailable``)
 so that automatic callers stop asking.
 """
 
@@ -28,7 +30,7 @@ _logger: Final = logging.getLogger("accy_async")
 class GraphCache:
     """Instantiated graphs by key; see the module docstring."""
 
-    __slots__ = ("backend", "capacity", "graphs", "unavailable")
+    __slots__ = ("_asked", "_retired", "backend", "capacity", "graphs", "unavailable")
 
     def __init__(self, backend: Backend, capacity: int = GRAPH_CAPACITY) -> None:
         self.backend = backend
@@ -36,6 +38,26 @@ class GraphCache:
         self.graphs: OrderedDict[Hashable, GraphExec] = OrderedDict()
         self.unavailable: str | None = None
         """Why graphs are not used here (the backend could not instantiate one), if so."""
+        self._asked: OrderedDict[Hashable, None] = OrderedDict()
+        self._retired: list[GraphExec] = []
+
+    def worth(self, key: Hashable) -> bool:
+        """For automatic callers: whether ``key`` has its graph, or was asked about before.
+
+        A geometry met once (a one-off size) stays node by node; met again, it
+        gets a graph. Remembers the last 256 keys asked about.
+        """
+        if key in self.graphs:
+            return True
+        if self.unavailable is not None:
+            return False
+        asked = self._asked
+        if key in asked:
+            return True
+        asked[key] = None
+        if len(asked) > 256:
+            asked.popitem(last=False)
+        return False
 
     def get(
         self,
@@ -69,17 +91,23 @@ class GraphCache:
             return None
         self.graphs[key] = graph
         if len(self.graphs) > self.capacity:
-            _, evicted = self.graphs.popitem(last=False)
-            backend = self.backend
-            live = [s for s in streams() if s is None or backend.owns(s)]
-            backend.defer_destroy([evicted], after=live)
+            self._retired.append(self.graphs.popitem(last=False)[1])
+        if self._retired:
+            self._destroy_retired_if_idle(streams())
         return graph
+
+    def _destroy_retired_if_idle(self, streams: Iterable[StreamHandle | None]) -> None:
+        backend = self.backend
+        if all(backend.query_stream(s) for s in streams if s is None or backend.owns(s)):
+            retired, self._retired = self._retired, []
+            backend.destroy_all(retired)
 
     def __len__(self) -> int:
         return len(self.graphs)
 
     def take_all(self) -> list[GraphExec]:
-        """Every cached graph, forgotten here (to release with their owner)."""
-        graphs = list(self.graphs.values())
+        """Every graph held, cached or retired, forgotten here (to release with their owner)."""
+        graphs = [*self.graphs.values(), *self._retired]
         self.graphs.clear()
+        self._retired = []
         return graphs

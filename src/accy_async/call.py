@@ -74,13 +74,17 @@ def open_pipeline(
     backend: Backend,
     format: ArtifactFormat | None = None,
     max_lanes: int = DEFAULT_LANES,
+    device_graph: bool | None = None,
 ) -> PipelineCall:
     """The pipeline ``plan`` (a built-in plan's name, or a document) as an awaitable function.
 
     Use it as an async context manager: entering loads the kernels, leaving
     waits for the calls' work and frees everything. The plan must describe
     its operands and results (``operands``, ``results`` in the document), as
-    every built-in plan does.
+    every built-in plan does. ``device_graph`` chooses whether a call's stages
+    go to the device as one graph, as :attr:`PipelineLaunch.device_graph`
+    says (by default: a pipeline of two or more stages, from the second call
+    of a size on, each call patching in its arrays).
     """
     document = load_builtin(plan) if isinstance(plan, str) else plan
     if max_lanes < 1:
@@ -93,7 +97,7 @@ def open_pipeline(
             f"plan {pipeline.target!r} does not describe its operands and results "
             "(the document's 'operands' and 'results'): launch it with launch_pipeline"
         )
-    return PipelineCall(document, backend, format, max_lanes)
+    return PipelineCall(document, backend, format, max_lanes, device_graph)
 
 
 class PipelineCall:
@@ -105,8 +109,10 @@ class PipelineCall:
         backend: Backend,
         format: ArtifactFormat | None,
         max_lanes: int,
+        device_graph: bool | None = None,
     ) -> None:
         self.document = document
+        self._device_graph = device_graph
         self.backend = backend
         self._format = format
         self._pool: PipelineArtifactPool | None = None
@@ -257,7 +263,14 @@ class PipelineCall:
         if self._closed_now():
             raise LaunchArgumentMismatch(_CLOSED_BEFORE)
         enqueue_checked(
-            self._pool, resolution, operands, results, lane.scratch, stream, track=lane.stream
+            self._pool,
+            resolution,
+            operands,
+            results,
+            lane.scratch,
+            stream,
+            track=lane.stream,
+            device_graph=self._device_graph,
         )
         lane.ran(self.backend, stream)
 

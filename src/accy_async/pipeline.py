@@ -59,8 +59,6 @@ from .backends import (
     Backend,
     BufferBinding,
     BufferHandle,
-    GraphExec,
-    LaunchConfig,
     LoadedArtifact,
     StageLauncher,
     StreamHandle,
@@ -129,14 +127,16 @@ class PipelineLaunch:
     before anything launches. :meth:`of` fills it from a document."""
     result_shapes: Sequence[PipelineBuffer] = ()
     """The same for the results."""
-    graph: bool | None = None
+    device_graph: bool | None = None
     """Whether the stages go to the device as one graph (see :meth:`Backend.instantiate_graph`).
 
-    ``None`` (the default) decides: a request of two or more stages relaunched
-    through a pool with its scratch goes as one graph, instantiated once per
-    geometry and kept by the pool (a relaunch of the same request patches
-    nothing: one submission for every stage); a backend that cannot make
-    graphs falls back to one launch per stage, saying so once in the log.
+    ``None`` (the default) decides: a launch of two or more stages through a
+    pool with its scratch goes as one graph once it is a relaunch of the
+    request, or its geometry (the stages' grids) was launched before; the
+    graph is instantiated once per geometry and kept by the pool, and each
+    launch patches in its buffers and scalars (a relaunch of the same request
+    patches nothing: one submission for every stage). A backend that cannot
+    make graphs falls back to one launch per stage, saying so once in the log.
     ``True``: every launch through a pool with its scratch goes as a graph
     (arguments patched in as they change), and a failure to make one raises.
     ``False``: one launch per stage, always."""
@@ -154,7 +154,7 @@ class PipelineLaunch:
         stream: StreamLike | None = None,
         format: ArtifactFormat | None = None,
         diagnostic_id: str | None = None,
-        graph: bool | None = None,
+        device_graph: bool | None = None,
     ) -> PipelineLaunch:
         """A launch of ``document``'s pipeline whose buffers are checked against its shapes.
 
@@ -175,7 +175,7 @@ class PipelineLaunch:
             diagnostic_id=diagnostic_id,
             operand_shapes=document.operands,
             result_shapes=document.results,
-            graph=graph,
+            device_graph=device_graph,
         )
 
 
@@ -254,10 +254,13 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             )
             for stage_index in range(len(pool.launchers))
         )
-        as_graph = request.graph is True or (
-            request.graph is None and seen_before and len(arguments) > 1
+        wanted = request.device_graph
+        as_graph = wanted is True or (
+            wanted is None
+            and len(arguments) > 1
+            and (seen_before or pool.graphs.worth(resolved.configs))
         )
-        graph = _graph(pool, resolved.configs, request.graph) if as_graph else None
+        graph = pool.graph_for(resolved.configs, wanted) if as_graph else None
         if graph is not None:
             backend.launch_graph_exec_trusted(graph, arguments, stream)
         else:
@@ -344,6 +347,7 @@ def enqueue_checked(
     stream: StreamHandle,
     *,
     track: StreamHandle | None = None,
+    device_graph: bool | None = False,
 ) -> None:
     """Enqueue every stage of ``pool``'s pipeline: :func:`launch_pipeline` without its checks.
 
@@ -353,14 +357,30 @@ def enqueue_checked(
     the high-level call does before each launch. The pool and scratch note
     ``track`` as the stream to wait for before they are freed (``stream`` by
     default): a caller running on a stream it does not own passes one of its
-    own, made to wait for the work.
+    own, made to wait for the work. ``device_graph`` is
+    :attr:`PipelineLaunch.device_graph` (``False`` here by default).
     """
     _check_open(pool, intermediates)
     pool.streams_used.add(track or stream)
     if intermediates is not None:
         intermediates.streams_used.add(track or stream)
     sources = (operands, results, intermediates or ())
-    for stage_index, launcher in enumerate(pool.launchers):
+    launchers = pool.launchers
+    if device_graph is True or (
+        device_graph is None and len(launchers) > 1 and pool.graphs.worth(resolution.configs)
+    ):
+        graph = pool.graph_for(resolution.configs, device_graph)
+        if graph is not None:
+            arguments = tuple(
+                (
+                    [sources[source][index] for source, index in resolution.refs[stage_index]],
+                    resolution.stage_scalars[stage_index],
+                )
+                for stage_index in range(len(launchers))
+            )
+            pool.backend.launch_graph_exec_trusted(graph, arguments, stream)
+            return
+    for stage_index, launcher in enumerate(launchers):
         _launch_stage(launcher, resolution, stage_index, sources, stream)
 
 
@@ -388,20 +408,13 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo) ->
         intermediates.streams_used.add(stream)
     pool.streams_used.add(stream)
     if memo.graph_arguments is not None:
-        graph = _graph(pool, memo.configs, memo.request.graph)
+        graph = pool.graph_for(memo.configs, memo.request.device_graph)
         if graph is not None:
             backend.launch_graph_exec_trusted(graph, memo.graph_arguments, stream)
             return True
     for launcher, prepared, config in memo.stages:
         launcher.launch_prepared(prepared, config, stream)
     return True
-
-
-def _graph(
-    pool: PipelineArtifactPool, configs: tuple[LaunchConfig, ...], wanted: bool | None
-) -> GraphExec | None:
-    """The pool's graph of its stages at ``configs``; ``None`` where graphs are unavailable."""
-    return pool.graph_for(configs, wanted)
 
 
 def _launch_stage(
