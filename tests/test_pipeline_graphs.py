@@ -55,8 +55,8 @@ async def test_every_builtin_pipeline_gives_the_same_bytes_as_one_graph(
     backend = executing_backend
     document = library.load_builtin(name)
     scalars = _scalars(name, N)
-    operands = [accy.upload(backend, values) for values in _inputs(document, N)]
-    stream = backend.create_stream()
+    stream = backend.create_stream()  # the uploads go on it too: in order with the launches
+    operands = [accy.upload(backend, values, stream=stream) for values in _inputs(document, N)]
     got: dict[bool | None, bytes] = {}
     async with (
         await load_pipeline_artifacts(backend, document.pipeline, document.registry) as pool,

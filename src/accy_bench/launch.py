@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import gc
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +25,8 @@ from accy_async import (
 )
 from accy_async import plan as p
 
-from .rig import BATCH, KERNELS, Rig, driver
+from .graphs import GraphRig, device_graph_rows
+from .rig import BATCH, KERNELS, Rig, driver, paired_us
 
 __all__ = ["launch_accy", "launch_anchors"]
 
@@ -41,37 +41,6 @@ def _per_call_us(run_batch: Callable[[], None], sync: Callable[[], None], repeat
         samples.append((time.perf_counter() - start) / BATCH * 1e6)
         sync()
     return statistics.median(samples)
-
-
-async def _paired_us(
-    raw_batch: Callable[[], None],
-    accy_batch: Callable[[], Awaitable[None]],
-    sync: Callable[[], Awaitable[None]],
-    repeat: int,
-    launches_per_batch: int = BATCH,
-) -> dict[str, float]:
-    """accy-async beside the raw pre-packed launch, batches interleaved, GC paused.
-
-    Timing the two alternately on the same kernel and stream cancels the slow
-    drifts of a shared machine that separate runs would put into the ratio.
-    """
-    raw_samples: list[float] = []
-    accy_samples: list[float] = []
-    for round_index in range(repeat + 1):
-        for which in ("raw", "accy"):
-            gc.disable()
-            start = time.perf_counter()
-            if which == "raw":
-                raw_batch()
-            else:
-                await accy_batch()
-            launches = BATCH if which == "raw" else launches_per_batch
-            elapsed = (time.perf_counter() - start) / launches * 1e6
-            gc.enable()
-            await sync()
-            if round_index:  # the first round warms up
-                (raw_samples if which == "raw" else accy_samples).append(elapsed)
-    return {"us": statistics.median(accy_samples), "raw_us": statistics.median(raw_samples)}
 
 
 def launch_anchors(rig: Rig, repeat: int) -> dict[str, Any]:
@@ -211,7 +180,7 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             for _ in range(BATCH):
                 raw_launch(native.function, 1, 1, 1, 32, 1, 1, 0, stream.native, native.params, 0)
 
-        rows["accy backend.launch (checked)"] = await _paired_us(raw, checked, sync, repeat)
+        rows["accy backend.launch (checked)"] = await paired_us(raw, checked, sync, repeat)
 
         entry = p.RegistryEntry(
             target="bench.empty",
@@ -267,13 +236,14 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             intermediates=scratch,
             artifacts=pool,
             stream=stream,
+            device_graph=False,  # stage by stage: the graph rows come separately
         )
 
         async def pipelines() -> None:
             for _ in range(BATCH // 3):
                 await launch_pipeline(backend, request)
 
-        rows["accy await launch_pipeline, per stage (pool + intermediates)"] = await _paired_us(
+        rows["accy await launch_pipeline, per stage (pool + intermediates)"] = await paired_us(
             raw, pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3
         )
 
@@ -288,6 +258,7 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
                 intermediates=scratch if plan.intermediates else (),
                 artifacts=plan_pool,
                 stream=stream,
+                device_graph=False,
             )
 
         async def fresh_pipelines() -> None:
@@ -296,7 +267,7 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
 
         rows[
             "accy await launch_pipeline, fresh request each call, per stage (3 stages)"
-        ] = await _paired_us(raw, fresh_pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3)
+        ] = await paired_us(raw, fresh_pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3)
         one_stage = msgspec.structs.replace(
             pipeline, target="bench.one_stage", intermediates=(), stages=(pipeline.stages[2],)
         )
@@ -308,7 +279,7 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             for _ in range(BATCH):
                 await launch_pipeline(backend, fresh(one_stage, one_pool))
 
-        rows["accy await launch_pipeline, fresh request each call, 1 stage"] = await _paired_us(
+        rows["accy await launch_pipeline, fresh request each call, 1 stage"] = await paired_us(
             raw, fresh_single, sync, repeat
         )
         rows.update(await _high_level_rows(backend, one_stage, registry, raw, sync, repeat))
@@ -332,12 +303,17 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
         slots = [SlotBinding(1, a.bind()), SlotBinding(2, b.bind())]
 
         async def graph_nodes() -> None:
-            await launch_graph(kernels, slots, graph, default_stream=stream)
+            await launch_graph(kernels, slots, graph, default_stream=stream, device_graph=False)
 
-        rows["accy launch_graph, per node (host order)"] = await _paired_us(
+        rows["accy launch_graph, per node (host order)"] = await paired_us(
             raw, graph_nodes, sync, repeat
         )
         await kernels.aclose()
+        rows.update(
+            await device_graph_rows(
+                GraphRig(backend, loaded, spec, a, b, stream, request, pool), raw, sync, repeat
+            )
+        )
         await pool.aclose()
         await scratch.aclose()
         backend.destroy_all([loaded, a, b, stream])
@@ -387,10 +363,10 @@ async def _high_level_rows(
                 await sync()
                 consumer.synchronize()
 
-            rows["accy high-level call (CuPy in and out), enqueue, 1 stage"] = await _paired_us(
+            rows["accy high-level call (CuPy in and out), enqueue, 1 stage"] = await paired_us(
                 raw, enqueue, sync_all, repeat
             )
             rows[
                 "accy high-level call (CuPy), enqueue + await completion, 1 stage"
-            ] = await _paired_us(raw, until_complete, sync_all, repeat, BATCH // 8)
+            ] = await paired_us(raw, until_complete, sync_all, repeat, BATCH // 8)
     return rows

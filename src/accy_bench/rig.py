@@ -13,6 +13,8 @@ here, and use accy-async's public API for the rest.
 from __future__ import annotations
 
 import ctypes
+import gc
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,7 +24,7 @@ import anyio
 from accy_async.backends.cuda.driver import driver, initialised_driver
 from accy_async.backends.cuda.nvrtc import compile_source, nvrtc_version
 
-__all__ = ["BATCH", "KERNELS", "Rig", "driver", "nvrtc_version", "ok", "run_on"]
+__all__ = ["BATCH", "KERNELS", "Rig", "driver", "nvrtc_version", "ok", "paired_us", "run_on"]
 
 T = TypeVar("T")
 
@@ -165,3 +167,34 @@ class Rig:
         d.cuModuleUnload(self.module)
         d.cuStreamDestroy(self.stream)
         d.cuDevicePrimaryCtxRelease(self.device)
+
+
+async def paired_us(
+    raw_batch: Callable[[], None],
+    accy_batch: Callable[[], Awaitable[None]],
+    sync: Callable[[], Awaitable[None]],
+    repeat: int,
+    launches_per_batch: int = BATCH,
+) -> dict[str, float]:
+    """accy-async beside the raw pre-packed launch, batches interleaved, GC paused.
+
+    Timing the two alternately on the same kernel and stream cancels the slow
+    drifts of a shared machine that separate runs would put into the ratio.
+    """
+    raw_samples: list[float] = []
+    accy_samples: list[float] = []
+    for round_index in range(repeat + 1):
+        for which in ("raw", "accy"):
+            gc.disable()
+            start = time.perf_counter()
+            if which == "raw":
+                raw_batch()
+            else:
+                await accy_batch()
+            launches = BATCH if which == "raw" else launches_per_batch
+            elapsed = (time.perf_counter() - start) / launches * 1e6
+            gc.enable()
+            await sync()
+            if round_index:  # the first round warms up
+                (raw_samples if which == "raw" else accy_samples).append(elapsed)
+    return {"us": statistics.median(accy_samples), "raw_us": statistics.median(raw_samples)}

@@ -49,13 +49,14 @@ class LaunchConfig:
     own limits when the kernel launches).
     """
 
-    __slots__ = ("block", "dims", "grid", "shared_memory_bytes")
+    __slots__ = ("_hash", "block", "dims", "grid", "shared_memory_bytes")
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_memory_bytes: int
     dims: tuple[int, int, int, int, int, int, int]
     """``grid``, ``block`` and the shared memory in one tuple: ``cuLaunchKernel``'s order."""
+    _hash: int
 
     def __init__(
         self,
@@ -76,7 +77,9 @@ class LaunchConfig:
         setter(self, "grid", grid)
         setter(self, "block", block)
         setter(self, "shared_memory_bytes", shared_memory_bytes)
-        setter(self, "dims", (*grid, *block, shared_memory_bytes))
+        dims = (*grid, *block, shared_memory_bytes)
+        setter(self, "dims", dims)
+        setter(self, "_hash", hash(dims))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"LaunchConfig is immutable (tried to set {name})")
@@ -88,7 +91,7 @@ class LaunchConfig:
         return isinstance(other, LaunchConfig) and self.dims == other.dims
 
     def __hash__(self) -> int:
-        return hash(self.dims)
+        return self._hash
 
     def __repr__(self) -> str:
         return (

@@ -54,17 +54,21 @@ class _NodeParams(ctypes.Structure):
 
 
 _set_params: Any = None
+_graph_launch: Any = None
 
 
-def _node_setter() -> Any:
-    """``cuGraphExecKernelNodeSetParams_v2`` from the driver library, typed for ctypes."""
-    global _set_params
+def _bind_driver_calls() -> None:
+    """``cuGraphExecKernelNodeSetParams_v2`` and ``cuGraphLaunch``, typed for ctypes."""
+    global _set_params, _graph_launch
     if _set_params is None:
-        function = libcuda().cuGraphExecKernelNodeSetParams_v2
-        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        function.restype = ctypes.c_int
-        _set_params = function
-    return _set_params
+        library = libcuda()
+        set_params = library.cuGraphExecKernelNodeSetParams_v2
+        set_params.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        set_params.restype = ctypes.c_int
+        launch = library.cuGraphLaunch
+        launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        launch.restype = ctypes.c_int
+        _set_params, _graph_launch = set_params, launch
 
 
 def _graph_features(total_threads: Any) -> tuple[float, ...]:
@@ -79,6 +83,7 @@ class _NodeState:
         "address",
         "handle",
         "kernel",
+        "last",
         "packer",
         "params",
         "params_address",
@@ -92,6 +97,8 @@ class _NodeState:
         self.kernel = kernel
         self.handle = handle
         self.address = int(handle)
+        self.last = b""
+        """The arguments as last patched in, packed."""
         self.params_address = 0
         self.slots = slots
         self.pointers = pointers
@@ -104,7 +111,17 @@ class _NodeState:
 class CudaGraph:
     """An instantiated CUDA graph, its template, and each node's argument storage."""
 
-    __slots__ = ("cost", "exec", "exec_address", "graph", "last_arguments", "nodes", "threads")
+    __slots__ = (
+        "cost",
+        "exec",
+        "exec_address",
+        "graph",
+        "last_arguments",
+        "nodes",
+        "stream",
+        "stream_address",
+        "threads",
+    )
 
     def __init__(self) -> None:
         self.graph: Any = None
@@ -117,6 +134,9 @@ class CudaGraph:
         self.cost: Any = None
         """The forecast's model of one launch of the whole graph."""
         self.threads = 0
+        self.stream: StreamHandle | None = None
+        """The stream of the last launch, and its ``CUstream`` as an address."""
+        self.stream_address = 0
 
 
 def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGraph:
@@ -164,7 +184,7 @@ def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGr
     built.cost = device.forecast.model(
         ("graph", id(built)), f"graph of {len(nodes)} nodes", _graph_features
     )
-    _node_setter()
+    _bind_driver_calls()
     return built
 
 
@@ -198,18 +218,20 @@ def launch_graph(
                 )
             packer = state.packer
             assert packer is not None
-            packer.pack_into(
-                state.slots, 0, *[binding.address for binding in buffers], *state.values
-            )
-            result = set_params(exec_address, state.address, state.params_address)
-            if result:
-                device.fail(result, "updating a graph's node")
+            packed = packer.pack(*[binding.address for binding in buffers], *state.values)
+            if packed != state.last:  # a node whose arguments did not change is not patched
+                ctypes.memmove(state.slots, packed, len(packed))
+                result = set_params(exec_address, state.address, state.params_address)
+                if result:
+                    device.fail(result, "updating a graph's node")
+                state.last = packed
         built.last_arguments = arguments
-    d = driver()
     for event in wait_events:
         device.wait(stream, event)
-    (result,) = d.cuGraphLaunch(built.exec, stream.native)
-    if int(result):
+    if stream is not built.stream:
+        built.stream, built.stream_address = stream, int(stream.native)
+    result = _graph_launch(built.exec_address, built.stream_address)
+    if result:
         device.fail(result, "launching a graph")
     device.ledgers[stream.id].enqueue(built.cost, built.threads)
     if signal_event is not None:

@@ -1,0 +1,192 @@
+"""Launch cost as one device graph, beside the same work launched node by node (same run).
+
+Rows per node (or per stage), each paired with the raw pre-packed
+``cuLaunchKernel`` interleaved with it: the 3-stage pipeline relaunched (one
+submission, nothing patched) and with a fresh request each call (every stage
+patched); a 100-node launch graph with the same buffers and with new buffers
+each call, as a graph and node by node; and the backend's graph launch with new
+pointers and scalars for all 100 nodes each call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from accy_async import (
+    BufferHandle,
+    LoadedArtifact,
+    PipelineLaunch,
+    SlotBinding,
+    StreamHandle,
+    launch_graph,
+    launch_pipeline,
+    load_kernels,
+)
+from accy_async import plan as p
+from accy_async.backends import Backend, GraphNode, LaunchConfig
+
+from .rig import paired_us
+
+__all__ = ["GRAPH_NODES", "GraphRig", "device_graph_rows"]
+
+GRAPH_NODES = 100
+"""Nodes of the launch-graph rows (the issue's 100-node graph)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphRig:
+    """What the launch rows set up: the empty kernel, two buffers, a stream, the 3-stage request."""
+
+    backend: Backend
+    loaded: LoadedArtifact
+    spec: p.ArtifactSpec
+    a: BufferHandle
+    b: BufferHandle
+    stream: StreamHandle
+    request: PipelineLaunch
+    """The 3-stage pipeline through its pool and scratch (its ``device_graph`` is replaced)."""
+    pool: Any
+
+
+async def device_graph_rows(
+    rig: GraphRig,
+    raw: Callable[[], None],
+    sync: Callable[[], Awaitable[None]],
+    repeat: int,
+) -> dict[str, Any]:
+    """The device-graph rows; see the module docstring."""
+    rows: dict[str, Any] = {}
+    backend, stream = rig.backend, rig.stream
+    stages = 3
+    calls = GRAPH_NODES // stages
+
+    relaunched = dataclasses.replace(rig.request, device_graph=True)
+
+    async def pipeline_relaunched() -> None:
+        for _ in range(calls):
+            await launch_pipeline(backend, relaunched)
+
+    await launch_pipeline(backend, relaunched)  # instantiates
+    rows[
+        "accy await launch_pipeline as one device graph, relaunched request, per stage"
+    ] = await paired_us(raw, pipeline_relaunched, sync, repeat, launches_per_batch=calls * stages)
+
+    async def pipeline_fresh() -> None:
+        for _ in range(calls):
+            await launch_pipeline(backend, dataclasses.replace(relaunched))
+
+    rows[
+        "accy await launch_pipeline as one device graph, fresh request each call, per stage"
+    ] = await paired_us(raw, pipeline_fresh, sync, repeat, launches_per_batch=calls * stages)
+
+    planned = p.PlannedKernel(
+        kernel_id=1,
+        work_item_id=1,
+        artifact=rig.spec,
+        output_slot_id=1,
+        input_slot_ids=(2,),
+        runtime_scalar_argument_count=1,
+        runtime_scalar_defaults=(p.U32(0),),
+        launch_resources=p.LaunchResources(geometry=p.LaunchGeometry(block=(32, 1, 1))),
+    )
+    artifact_plan = p.ArtifactPlan(slots=(p.Slot(slot_id=1), p.Slot(slot_id=2)), kernels=(planned,))
+    graph = p.LaunchGraphPlan(nodes=tuple(p.GraphNode(kernel_index=0) for _ in range(GRAPH_NODES)))
+    spare_a, spare_b = backend.allocate_buffer(1024), backend.allocate_buffer(1024)
+    binding_sets = [
+        [SlotBinding(1, rig.a.bind()), SlotBinding(2, rig.b.bind())],
+        [SlotBinding(1, spare_a.bind()), SlotBinding(2, spare_b.bind())],
+    ]
+    async with await load_kernels(backend, artifact_plan) as kernels:
+        for device_graph in (True, False):
+            rows.update(
+                await _launch_graph_rows(
+                    kernels, graph, binding_sets, stream, device_graph, raw, sync, repeat
+                )
+            )
+    rows.update(await _backend_graph_row(rig, spare_a, spare_b, raw, sync, repeat))
+    backend.destroy_all([spare_a, spare_b])
+    return rows
+
+
+async def _launch_graph_rows(
+    kernels: Any,
+    graph: p.LaunchGraphPlan,
+    binding_sets: list[list[SlotBinding]],
+    stream: StreamHandle,
+    device_graph: bool,
+    raw: Callable[[], None],
+    sync: Callable[[], Awaitable[None]],
+    repeat: int,
+) -> dict[str, Any]:
+    """``graph`` launched with the same buffers, and with new ones each call."""
+    how = "as one device graph" if device_graph else "node by node"
+    await launch_graph(
+        kernels, binding_sets[0], graph, default_stream=stream, device_graph=device_graph
+    )
+    await sync()
+
+    async def same() -> None:
+        await launch_graph(
+            kernels, binding_sets[0], graph, default_stream=stream, device_graph=device_graph
+        )
+
+    turn = [0]
+
+    async def new() -> None:
+        turn[0] += 1
+        await launch_graph(
+            kernels,
+            binding_sets[turn[0] % 2],
+            graph,
+            default_stream=stream,
+            device_graph=device_graph,
+        )
+
+    name = f"accy launch_graph {how}, {GRAPH_NODES} nodes"
+    return {
+        f"{name}, same buffers, per node": await paired_us(
+            raw, same, sync, repeat, launches_per_batch=GRAPH_NODES
+        ),
+        f"{name}, new buffers each call, per node": await paired_us(
+            raw, new, sync, repeat, launches_per_batch=GRAPH_NODES
+        ),
+    }
+
+
+async def _backend_graph_row(
+    rig: GraphRig,
+    spare_a: BufferHandle,
+    spare_b: BufferHandle,
+    raw: Callable[[], None],
+    sync: Callable[[], Awaitable[None]],
+    repeat: int,
+) -> dict[str, Any]:
+    """The backend's graph launch patching all nodes' pointers and scalars every call."""
+    backend, stream = rig.backend, rig.stream
+    one_warp = LaunchConfig((1, 1, 1), (32, 1, 1))
+    graph = backend.instantiate_graph(
+        [GraphNode(rig.loaded, one_warp, after=(i - 1,) if i else ()) for i in range(GRAPH_NODES)]
+    )
+    sets = [
+        tuple(
+            ([out.bind(), source.bind("read_only")], [p.U32(index + turn)])
+            for index in range(GRAPH_NODES)
+        )
+        for turn, (out, source) in enumerate(((rig.a, rig.b), (spare_a, spare_b)))
+    ]
+    turn = [0]
+
+    async def patched() -> None:
+        turn[0] += 1
+        backend.launch_graph_exec_trusted(graph, sets[turn[0] % 2], stream)
+
+    row = {
+        f"accy backend graph launch, {GRAPH_NODES} nodes, new pointers and scalars each call, "
+        "per node": await paired_us(raw, patched, sync, repeat, launches_per_batch=GRAPH_NODES)
+    }
+    await sync()
+    backend.destroy(graph)
+    return row
