@@ -209,13 +209,21 @@ def launch_graph(
         built.last_arguments = None  # until every node is patched
         set_params = _set_params
         exec_address = built.exec_address
+        resolved: dict[tuple[int, int], tuple[tuple[int | float, ...], struct.Struct]] = {}
         for state, (buffers, scalars) in zip(built.nodes, arguments, strict=True):
             if scalars is not state.scalars:
+                # Nodes often share one scalars object: its values and packer are read once.
+                key = (id(scalars), len(buffers))
+                known = resolved.get(key)
+                if known is None:
+                    known = resolved[key] = (
+                        tuple([argument.value for argument in scalars]),
+                        state.kernel.packer(
+                            len(buffers), tuple([argument.type_name for argument in scalars])
+                        ),
+                    )
                 state.scalars = scalars
-                state.values = tuple([argument.value for argument in scalars])
-                state.packer = state.kernel.packer(
-                    len(buffers), tuple([argument.type_name for argument in scalars])
-                )
+                state.values, state.packer = known
             packer = state.packer
             assert packer is not None
             packed = packer.pack(*[binding.address for binding in buffers], *state.values)
