@@ -205,3 +205,20 @@ async def test_a_pool_keeps_a_bounded_number_of_graphs() -> None:
         await scratch.aclose()
         backend.destroy_all([x, y])
         assert not backend.live_handles()
+
+
+async def test_new_requests_go_stage_by_stage_unless_asked() -> None:
+    """A service's every request is new (of varied sizes): no graph unless asked for."""
+    async with accy.open_backend("recording") as backend:
+        assert isinstance(backend, RecordingBackend)
+        document, pool, scratch, buffers = await _scan_pool(backend)
+        for _ in range(4):
+            await launch_pipeline(backend, _request(document, pool, scratch, buffers, None))
+        assert not backend.graph_launches and not len(pool.graphs)
+        for _ in range(2):
+            await launch_pipeline(backend, _request(document, pool, scratch, buffers, True))
+        assert len(backend.graph_launches) == 2 and len(pool.graphs) == 1
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all(buffers)
+        assert not backend.live_handles()

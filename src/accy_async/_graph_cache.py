@@ -30,7 +30,7 @@ _logger: Final = logging.getLogger("accy_async")
 class GraphCache:
     """Instantiated graphs by key; see the module docstring."""
 
-    __slots__ = ("_asked", "_retired", "backend", "capacity", "graphs", "unavailable")
+    __slots__ = ("_retired", "backend", "capacity", "graphs", "unavailable")
 
     def __init__(self, backend: Backend, capacity: int = GRAPH_CAPACITY) -> None:
         self.backend = backend
@@ -38,26 +38,7 @@ class GraphCache:
         self.graphs: OrderedDict[Hashable, GraphExec] = OrderedDict()
         self.unavailable: str | None = None
         """Why graphs are not used here (the backend could not instantiate one), if so."""
-        self._asked: OrderedDict[Hashable, None] = OrderedDict()
         self._retired: list[GraphExec] = []
-
-    def worth(self, key: Hashable) -> bool:
-        """For automatic callers: whether ``key`` has its graph, or was asked about before.
-
-        A geometry met once (a one-off size) stays node by node; met again, it
-        gets a graph. Remembers the last 256 keys asked about.
-        """
-        if key in self.graphs:
-            return True
-        if self.unavailable is not None:
-            return False
-        asked = self._asked
-        if key in asked:
-            return True
-        asked[key] = None
-        if len(asked) > 256:
-            asked.popitem(last=False)
-        return False
 
     def get(
         self,

@@ -74,17 +74,17 @@ def open_pipeline(
     backend: Backend,
     format: ArtifactFormat | None = None,
     max_lanes: int = DEFAULT_LANES,
-    device_graph: bool | None = None,
+    device_graph: bool = False,
 ) -> PipelineCall:
     """The pipeline ``plan`` (a built-in plan's name, or a document) as an awaitable function.
 
     Use it as an async context manager: entering loads the kernels, leaving
     waits for the calls' work and frees everything. The plan must describe
     its operands and results (``operands``, ``results`` in the document), as
-    every built-in plan does. ``device_graph`` chooses whether a call's stages
-    go to the device as one graph, as :attr:`PipelineLaunch.device_graph`
-    says (by default: a pipeline of two or more stages, from the second call
-    of a size on, each call patching in its arrays).
+    every built-in plan does. With ``device_graph=True`` a call's stages go
+    to the device as one graph (instantiated once per size, each call's
+    arrays patched in): worth it for a pipeline of several stages called
+    with a few sizes again and again; by default stage by stage.
     """
     document = load_builtin(plan) if isinstance(plan, str) else plan
     if max_lanes < 1:
@@ -109,7 +109,7 @@ class PipelineCall:
         backend: Backend,
         format: ArtifactFormat | None,
         max_lanes: int,
-        device_graph: bool | None = None,
+        device_graph: bool = False,
     ) -> None:
         self.document = document
         self._device_graph = device_graph

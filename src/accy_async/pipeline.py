@@ -130,13 +130,14 @@ class PipelineLaunch:
     device_graph: bool | None = None
     """Whether the stages go to the device as one graph (see :meth:`Backend.instantiate_graph`).
 
-    ``None`` (the default) decides: a launch of two or more stages through a
-    pool with its scratch goes as one graph once it is a relaunch of the
-    request, or its geometry (the stages' grids) was launched before; the
-    graph is instantiated once per geometry and kept by the pool, and each
-    launch patches in its buffers and scalars (a relaunch of the same request
-    patches nothing: one submission for every stage). A backend that cannot
-    make graphs falls back to one launch per stage, saying so once in the log.
+    ``None`` (the default) decides: a request of two or more stages
+    relaunched through a pool with its scratch (the same ``PipelineLaunch``
+    object again) goes as one graph, instantiated once per geometry and kept
+    by the pool; a relaunch patches nothing (one submission for every stage).
+    A request launched once goes stage by stage: a service whose every request
+    is new, of varied sizes, would pay an instantiation per size and a patch
+    per stage for nothing. A backend that cannot make graphs falls back to one
+    launch per stage, saying so once in the log.
     ``True``: every launch through a pool with its scratch goes as a graph
     (arguments patched in as they change), and a failure to make one raises.
     ``False``: one launch per stage, always."""
@@ -246,6 +247,15 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         if isinstance(provided, PipelineIntermediates):
             provided.streams_used.add(stream)
         sources = (operands, results, provided)
+        wanted = request.device_graph
+        if not seen_before and wanted is not True:
+            # Most requests come once: stage by stage, and only remembered (see below).
+            for stage_index, launcher in enumerate(pool.launchers):
+                _launch_stage(launcher, resolved, stage_index, sources, stream)
+            pool.seen[id(request)] = request
+            if len(pool.seen) > _MEMO_CAPACITY:
+                pool.seen.popitem(last=False)
+            return
         stages = []
         arguments = tuple(
             (
@@ -254,12 +264,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             )
             for stage_index in range(len(pool.launchers))
         )
-        wanted = request.device_graph
-        as_graph = wanted is True or (
-            wanted is None
-            and len(arguments) > 1
-            and (seen_before or pool.graphs.worth(resolved.configs))
-        )
+        as_graph = wanted is True or (wanted is None and len(arguments) > 1)
         graph = pool.graph_for(resolved.configs, wanted) if as_graph else None
         if graph is not None:
             backend.launch_graph_exec_trusted(graph, arguments, stream)
@@ -347,7 +352,7 @@ def enqueue_checked(
     stream: StreamHandle,
     *,
     track: StreamHandle | None = None,
-    device_graph: bool | None = False,
+    device_graph: bool = False,
 ) -> None:
     """Enqueue every stage of ``pool``'s pipeline: :func:`launch_pipeline` without its checks.
 
@@ -357,8 +362,9 @@ def enqueue_checked(
     the high-level call does before each launch. The pool and scratch note
     ``track`` as the stream to wait for before they are freed (``stream`` by
     default): a caller running on a stream it does not own passes one of its
-    own, made to wait for the work. ``device_graph`` is
-    :attr:`PipelineLaunch.device_graph` (``False`` here by default).
+    own, made to wait for the work. With ``device_graph=True`` the stages go
+    as one graph of the pool (instantiated once per geometry, buffers and
+    scalars patched in each call); by default stage by stage.
     """
     _check_open(pool, intermediates)
     pool.streams_used.add(track or stream)
@@ -366,10 +372,8 @@ def enqueue_checked(
         intermediates.streams_used.add(track or stream)
     sources = (operands, results, intermediates or ())
     launchers = pool.launchers
-    if device_graph is True or (
-        device_graph is None and len(launchers) > 1 and pool.graphs.worth(resolution.configs)
-    ):
-        graph = pool.graph_for(resolution.configs, device_graph)
+    if device_graph:
+        graph = pool.graph_for(resolution.configs, True)
         if graph is not None:
             arguments = tuple(
                 (
