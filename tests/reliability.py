@@ -13,6 +13,7 @@ the result, so runs that finish are also checked for the right answer.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import platform
@@ -32,7 +33,13 @@ from accy_async import library
 from accy_async import plan as p
 from accy_async.graph import launch_graph
 from accy_async.kernels import SlotBinding, load_kernels
-from accy_async.pipeline import PipelineLaunch, choose_format, launch_pipeline
+from accy_async.pipeline import (
+    PipelineLaunch,
+    allocate_pipeline_intermediates,
+    choose_format,
+    launch_pipeline,
+    load_pipeline_artifacts,
+)
 from accy_async.testing import CancellationReport, FaultReport, cancellation_sweep, fault_sweep
 from accy_async.tuning import Tuner
 from accy_async.waiting import release_when_idle
@@ -107,6 +114,60 @@ async def graph_scenario(backend: accy.Backend) -> float:
         await release_when_idle(backend, owned, [None])
 
 
+async def pipeline_graph_scenario(backend: accy.Backend) -> float:
+    """A pool and scratch; a request launched twice (the second time as one device graph),
+    then the same stages forced into a graph with new buffers (every node patched)."""
+    owned: list[Any] = []
+    try:
+        for _ in range(3):
+            owned.append(backend.allocate_buffer(4 * N))
+        x, y, z = owned
+        backend.write_buffer(x, np.ones(N, np.float32).tobytes())
+        fmt = choose_format(backend, SCAN)
+        async with (
+            await load_pipeline_artifacts(backend, SCAN.pipeline, SCAN.registry, fmt) as pool,
+            await allocate_pipeline_intermediates(backend, SCAN.pipeline, (p.U32(N),)) as scratch,
+        ):
+            request = PipelineLaunch(
+                pipeline=SCAN.pipeline,
+                registry=SCAN.registry,
+                format=fmt,
+                operands=(x.bind("read_only"),),
+                results=(y.bind(),),
+                runtime_scalar_arguments=(p.U32(N),),
+                intermediates=scratch,
+                artifacts=pool,
+            )
+            await launch_pipeline(backend, request)
+            await launch_pipeline(backend, request)
+            forced = dataclasses.replace(request, results=(z.bind(),), device_graph=True)
+            await launch_pipeline(backend, forced)
+            await accy.wait_stream(backend)
+        first = np.frombuffer(await accy.wait_read(backend.enqueue_read(y)), np.float32)
+        second = np.frombuffer(await accy.wait_read(backend.enqueue_read(z)), np.float32)
+        return float(first.sum() + second.sum())
+    finally:
+        await release_when_idle(backend, owned, [None])
+
+
+async def device_graph_scenario(backend: accy.Backend) -> float:
+    """The diamond on three streams as one device graph, launched twice."""
+    owned: list[Any] = []
+    try:
+        owned.extend(backend.allocate_buffer(4 * N) for _ in range(4))
+        bindings = [
+            SlotBinding(slot, b.bind()) for slot, b in zip((1, 2, 3, 4), owned, strict=True)
+        ]
+        async with await load_kernels(backend, graph_plan(backend)) as kernels:
+            for _ in range(2):
+                run = await launch_graph(kernels, bindings, DIAMOND, device_graph=True)
+                await run.wait()
+        data = await accy.wait_read(backend.enqueue_read(owned[3]))
+        return float(np.frombuffer(data, np.float32).sum())
+    finally:
+        await release_when_idle(backend, owned, [None])
+
+
 async def kernel_scenario(backend: accy.Backend) -> float:
     """Load an artifact plan's kernels and launch one."""
     buffer = backend.allocate_buffer(4 * N)
@@ -130,11 +191,15 @@ SCENARIOS: dict[str, Callable[[accy.Backend], Awaitable[Any]]] = {
     "pipeline launch": pipeline_scenario,
     "graph launch": graph_scenario,
     "kernel load": kernel_scenario,
+    "pipeline as a device graph": pipeline_graph_scenario,
+    "launch graph as a device graph": device_graph_scenario,
 }
 EXPECTED: dict[str, Any] = {
     "pipeline launch": float(N * (N + 1) // 2),
     "graph launch": EXPECTED_GRAPH,
     "kernel load": float(N * (N - 1) // 2),
+    "pipeline as a device graph": float(N * (N + 1)),
+    "launch graph as a device graph": EXPECTED_GRAPH,
     "tuning": 1,
 }
 

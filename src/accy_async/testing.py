@@ -55,6 +55,8 @@ DEFAULT_FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "record",
     "write",
     "read",
+    "instantiate",
+    "graph_launch",
 )
 """The call kinds swept by default: every kind that creates, enqueues or moves data."""
 
