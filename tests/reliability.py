@@ -99,6 +99,11 @@ EXPECTED_GRAPH = float(sum(2 * i + 1 for i in range(N)))
 
 async def graph_scenario(backend: accy.Backend) -> float:
     """A kernel load and a launch graph on three streams, joined by device-side events."""
+    return await _diamond_runs(backend, device_graph=False, runs=1)
+
+
+async def _diamond_runs(backend: accy.Backend, *, device_graph: bool, runs: int) -> float:
+    """Load the diamond's kernels, launch it ``runs`` times, read its result."""
     owned: list[Any] = []
     try:
         owned.extend(backend.allocate_buffer(4 * N) for _ in range(4))
@@ -106,8 +111,9 @@ async def graph_scenario(backend: accy.Backend) -> float:
             SlotBinding(slot, b.bind()) for slot, b in zip((1, 2, 3, 4), owned, strict=True)
         ]
         async with await load_kernels(backend, graph_plan(backend)) as kernels:
-            run = await launch_graph(kernels, bindings, DIAMOND)
-            await run.wait()
+            for _ in range(runs):
+                run = await launch_graph(kernels, bindings, DIAMOND, device_graph=device_graph)
+                await run.wait()
         data = await accy.wait_read(backend.enqueue_read(owned[3]))
         return float(np.frombuffer(data, np.float32).sum())
     finally:
@@ -119,8 +125,7 @@ async def pipeline_graph_scenario(backend: accy.Backend) -> float:
     then the same stages forced into a graph with new buffers (every node patched)."""
     owned: list[Any] = []
     try:
-        for _ in range(3):
-            owned.append(backend.allocate_buffer(4 * N))
+        owned.extend(backend.allocate_buffer(4 * N) for _ in range(3))  # kept as made
         x, y, z = owned
         backend.write_buffer(x, np.ones(N, np.float32).tobytes())
         fmt = choose_format(backend, SCAN)
@@ -152,20 +157,7 @@ async def pipeline_graph_scenario(backend: accy.Backend) -> float:
 
 async def device_graph_scenario(backend: accy.Backend) -> float:
     """The diamond on three streams as one device graph, launched twice."""
-    owned: list[Any] = []
-    try:
-        owned.extend(backend.allocate_buffer(4 * N) for _ in range(4))
-        bindings = [
-            SlotBinding(slot, b.bind()) for slot, b in zip((1, 2, 3, 4), owned, strict=True)
-        ]
-        async with await load_kernels(backend, graph_plan(backend)) as kernels:
-            for _ in range(2):
-                run = await launch_graph(kernels, bindings, DIAMOND, device_graph=True)
-                await run.wait()
-        data = await accy.wait_read(backend.enqueue_read(owned[3]))
-        return float(np.frombuffer(data, np.float32).sum())
-    finally:
-        await release_when_idle(backend, owned, [None])
+    return await _diamond_runs(backend, device_graph=True, runs=2)
 
 
 async def kernel_scenario(backend: accy.Backend) -> float:
