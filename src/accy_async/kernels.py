@@ -10,43 +10,49 @@ kernel's derived launch rule or its tuned candidate.
 
 Dataflow graphs over loaded kernels are launched by
 :func:`accy_async.graph.launch_graph`.
+
+This module loads, launches, measures and closes. A launch resolved
+(:class:`PreparedLaunch`, its bindings, fills, scalars and geometry) is made in
+:mod:`accy_async._prepared_launch`; what a launch is given (slot bindings,
+element-count buffers, options) lives in :mod:`accy_async._launch_arguments`;
+their public names are re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
 
 from ._graph_cache import GraphCache
+from ._launch_arguments import (
+    CandidateBenchmarkOptions,
+    CandidateSynchronization,
+    ElementCountBufferBinding,
+    LaunchOptions,
+    SlotBinding,
+    slot_map,
+)
 from ._loops import checkpoint
+from ._prepared_launch import PreparedLaunch, config_of, fill, prepare
 from .backends import (
-    Access,
     Backend,
     BufferBinding,
     EventHandle,
-    LaunchConfig,
     LoadedArtifact,
-    StageLauncher,
     StreamHandle,
     StreamLike,
 )
 from .errors import (
     InvalidArtifact,
-    InvalidBuffer,
     LaunchArgumentMismatch,
     UnsupportedOperation,
 )
 from .plan import (
     MAX_LAUNCH_ARGUMENTS,
-    U32,
     ArtifactPlan,
     CandidateMeasurement,
-    DerivedLaunch,
     LaunchTuning,
     PlannedKernel,
     ScalarArgument,
@@ -67,82 +73,6 @@ __all__ = [
     "load_kernels",
     "slot_map",
 ]
-
-_MAX_FALLBACK_FILL_BYTES: Final = 4096
-"""Largest slot filled by writing the pattern when the backend cannot fill (the seed's 4096)."""
-
-CandidateSynchronization: TypeAlias = Literal["none", "device", "stream", "event"]
-
-
-@dataclass(frozen=True, slots=True)
-class SlotBinding:
-    """The buffer bound to one slot of the artifact plan."""
-
-    slot_id: int
-    binding: BufferBinding
-
-
-@dataclass(frozen=True, slots=True)
-class ElementCountBufferBinding:
-    """The u32 element-count buffer of one kernel (``device_buffer_u32`` kernels)."""
-
-    kernel_id: int
-    binding: BufferBinding
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchOptions:
-    """Where and how one launch runs (the seed's ``LaunchOptions``).
-
-    ``runtime_scalar_arguments``, when not empty, replace the plan's defaults.
-    """
-
-    stream: StreamLike | None = None
-    """A :class:`StreamHandle`, another library's stream, or ``None`` (the default stream)."""
-    wait_events: Sequence[EventHandle] = ()
-    signal_event: EventHandle | None = None
-    tuning: LaunchTuning = NO_TUNING
-    runtime_scalar_arguments: Sequence[ScalarArgument] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class CandidateBenchmarkOptions:
-    """How :meth:`LoadedKernels.measure_launch_candidates` times each candidate.
-
-    ``synchronize`` says what each sample waits for: nothing (enqueue time),
-    the whole device, ``base_options.stream``, or ``base_options.signal_event``.
-    """
-
-    warmup: int = 1
-    samples: int = 5
-    synchronize: CandidateSynchronization = "stream"
-    base_options: LaunchOptions = field(default_factory=LaunchOptions)
-
-
-@functools.lru_cache(maxsize=1024)
-def _config_of(
-    grid: tuple[int, int, int], block: tuple[int, int, int], shared_memory_bytes: int
-) -> LaunchConfig:
-    """The :class:`LaunchConfig` of a geometry, made (and checked) once per geometry."""
-    return LaunchConfig(grid, block, shared_memory_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedLaunch:
-    """Everything a launch of one kernel needs, resolved: ready for ``backend.launch``."""
-
-    loaded: LoadedArtifact
-    buffers: tuple[BufferBinding, ...]
-    scalars: tuple[ScalarArgument, ...]
-    config: LaunchConfig
-    """Its grid, block and shared memory."""
-    fills: tuple[tuple[BufferBinding, int, int], ...]
-    """``(binding, pattern, slot byte size)`` to fill before each launch."""
-    diagnostic_id: str | None
-    launcher: StageLauncher
-    """The backend's bound launcher of ``loaded``, for trusted (pre-checked) launches."""
-    arguments: Any
-    """``buffers`` and ``scalars`` as ``launcher.prepare`` packed them (``pack=True``)."""
 
 
 async def load_kernels(backend: Backend, artifact_plan: ArtifactPlan) -> LoadedKernels:
@@ -226,7 +156,7 @@ class LoadedKernels:
         kernel_index: int,
         slot_bindings: Sequence[SlotBinding] | Mapping[int, BufferBinding],
         element_count_buffer: BufferBinding | None = None,
-        options: LaunchOptions = LaunchOptions(),
+        options: LaunchOptions = LaunchOptions(),  # noqa: B008 - frozen, shared default
         *,
         artifact_plan: ArtifactPlan | None = None,
     ) -> None:
@@ -254,7 +184,7 @@ class LoadedKernels:
         kernel_index: int,
         buffers: Sequence[BufferBinding],
         scalars: Sequence[ScalarArgument],
-        options: LaunchOptions = LaunchOptions(),
+        options: LaunchOptions = LaunchOptions(),  # noqa: B008 - frozen, shared default
         *,
         artifact_plan: ArtifactPlan | None = None,
     ) -> None:
@@ -281,7 +211,7 @@ class LoadedKernels:
             self.loaded[kernel_index],
             buffers,
             scalars,
-            _config_of(geometry.grid, geometry.block, geometry.shared_memory_bytes),
+            config_of(geometry.grid, geometry.block, geometry.shared_memory_bytes),
             stream=options.stream,
             wait_events=options.wait_events,
             signal_event=options.signal_event,
@@ -307,67 +237,17 @@ class LoadedKernels:
         """
         planned = self._planned(kernel_index, artifact_plan)
         plan = artifact_plan or self.artifact_plan
-        buffers: list[BufferBinding] = []
-        fills: list[tuple[BufferBinding, int, int]] = []
-        output = _binding_for_slot(slots, planned.output_slot_id, _output_access(planned))
-        if planned.output_fill_pattern is not None:
-            fills.append(
-                self._fill_plan(plan, planned.output_slot_id, output, planned.output_fill_pattern)
-            )
-        buffers.append(output)
-        last_input = len(planned.input_slot_ids) - 1
-        for input_index, slot_id in enumerate(planned.input_slot_ids):
-            scratch = planned.scratch_fill_pattern is not None and input_index == last_input
-            binding = _binding_for_slot(slots, slot_id, "read_write" if scratch else "read_only")
-            if scratch:
-                assert planned.scratch_fill_pattern is not None
-                fills.append(self._fill_plan(plan, slot_id, binding, planned.scratch_fill_pattern))
-            buffers.append(binding)
-        if planned.element_count_argument == "device_buffer_u32":
-            if element_count_buffer is None:
-                raise LaunchArgumentMismatch(
-                    f"kernel {planned.kernel_id} reads its element count from a buffer, "
-                    "and none was given"
-                )
-            buffers.append(element_count_buffer.with_access("read_only"))
-
-        runtime = _runtime_scalars(planned, runtime_scalar_arguments)
-        scalars: list[ScalarArgument] = []
-        if planned.element_count_argument == "scalar_u32":
-            scalars.append(U32(planned.element_count_argument_value))
-        scalars.extend(runtime)
-        scalars.extend(planned.static_arguments)
-        if len(buffers) > MAX_LAUNCH_ARGUMENTS or len(scalars) > MAX_LAUNCH_ARGUMENTS:
-            raise LaunchArgumentMismatch(
-                f"kernel {planned.kernel_id} would take {len(buffers)} buffers and "
-                f"{len(scalars)} scalars; the limit is {MAX_LAUNCH_ARGUMENTS} each"
-            )
-        artifact = self.loaded[kernel_index].artifact
-        if (len(buffers), len(scalars)) != (
-            artifact.buffer_argument_count,
-            artifact.scalar_argument_count,
-        ):
-            raise LaunchArgumentMismatch(
-                f"kernel {planned.kernel_id} binds {len(buffers)} buffers and {len(scalars)} "
-                f"scalars, but its artifact {artifact.spec.kernel_name} takes "
-                f"{artifact.buffer_argument_count} and {artifact.scalar_argument_count}"
-            )
-        launch_rule = planned.kernel_call_launch
-        if isinstance(launch_rule, DerivedLaunch):
-            config = _config_of(*launch_rule.resolve(runtime))
-        else:
-            geometry = planned.candidate_geometry(tuning)
-            config = _config_of(geometry.grid, geometry.block, geometry.shared_memory_bytes)
-        launcher = self._launchers[kernel_index]
-        return PreparedLaunch(
-            loaded=self.loaded[kernel_index],
-            buffers=tuple(buffers),
-            scalars=tuple(scalars),
-            config=config,
-            fills=tuple(fills),
-            diagnostic_id=planned.artifact.diagnostic_id,
-            launcher=launcher,
-            arguments=launcher.prepare(buffers, scalars) if pack else None,
+        return prepare(
+            planned,
+            plan,
+            self._slots if plan is self.artifact_plan else None,
+            self.loaded[kernel_index],
+            self._launchers[kernel_index],
+            slots,
+            element_count_buffer,
+            tuning=tuning,
+            runtime_scalar_arguments=runtime_scalar_arguments,
+            pack=pack,
         )
 
     def enqueue(
@@ -391,7 +271,7 @@ class LoadedKernels:
             stream = backend.adopt_stream(stream)
         if prepared.fills:
             for binding, pattern, byte_size in prepared.fills:
-                _fill(backend, binding, pattern, byte_size, stream)
+                fill(backend, binding, pattern, byte_size, stream)
         self._streams_used.add(stream)
         if trusted and prepared.arguments is not None:
             prepared.launcher.launch_prepared(
@@ -432,7 +312,7 @@ class LoadedKernels:
         kernel_index: int,
         slot_bindings: Sequence[SlotBinding] | Mapping[int, BufferBinding],
         element_count_buffer: BufferBinding | None = None,
-        options: CandidateBenchmarkOptions = CandidateBenchmarkOptions(),
+        options: CandidateBenchmarkOptions = CandidateBenchmarkOptions(),  # noqa: B008 - frozen
     ) -> list[CandidateMeasurement]:
         """Time every launch candidate of one kernel; one measurement per candidate.
 
@@ -547,76 +427,3 @@ class LoadedKernels:
                     f"(work item {loaded_plan.work_item_id}) is loaded there"
                 )
         return planned
-
-    def _fill_plan(
-        self, plan: ArtifactPlan, slot_id: int, binding: BufferBinding, pattern: int
-    ) -> tuple[BufferBinding, int, int]:
-        slot = self._slots.get(slot_id) if plan is self.artifact_plan else plan.slot_by_id(slot_id)
-        if slot is None:
-            raise InvalidArtifact(f"slot {slot_id} is not a slot of the plan")
-        byte_size = slot.byte_size
-        if byte_size is None:
-            raise UnsupportedOperation(f"slot {slot_id} has no byte_size, so it cannot be filled")
-        if byte_size == 0 or byte_size % 4:
-            raise InvalidArtifact(
-                f"slot {slot_id} of {byte_size} bytes cannot take a 32-bit fill pattern"
-            )
-        return binding, pattern, byte_size
-
-
-def slot_map(slot_bindings: Sequence[SlotBinding]) -> dict[int, BufferBinding]:
-    """``slot_id -> binding``; the first binding of a slot wins, as in the seed's lookup."""
-    slots: dict[int, BufferBinding] = {}
-    for slot_binding in slot_bindings:
-        slots.setdefault(slot_binding.slot_id, slot_binding.binding)
-    return slots
-
-
-def _binding_for_slot(
-    slots: Mapping[int, BufferBinding], slot_id: int, access: Access
-) -> BufferBinding:
-    binding = slots.get(slot_id)
-    if binding is None:
-        raise InvalidBuffer(f"slot {slot_id} has no buffer bound")
-    return binding.with_access(access)
-
-
-def _output_access(planned: PlannedKernel) -> Access:
-    return "read_write" if planned.output_slot_id in planned.input_slot_ids else "write_only"
-
-
-def _runtime_scalars(
-    planned: PlannedKernel, given: Sequence[ScalarArgument]
-) -> Sequence[ScalarArgument]:
-    count = planned.runtime_scalar_argument_count
-    if count == 0:
-        return ()
-    arguments = given if given else planned.runtime_scalar_defaults
-    if len(arguments) != count:
-        raise LaunchArgumentMismatch(
-            f"kernel {planned.kernel_id} takes {count} runtime scalar arguments, "
-            f"got {len(arguments)}"
-            + (" and the plan has no defaults" if not given and not arguments else "")
-        )
-    return arguments
-
-
-def _fill(
-    backend: Backend,
-    binding: BufferBinding,
-    pattern: int,
-    byte_size: int,
-    stream: StreamLike | None,
-) -> None:
-    """The seed's fill: the backend's fill, else write the pattern for small slots."""
-    try:
-        backend.fill_buffer(binding.handle, pattern, stream=stream)
-    except UnsupportedOperation:
-        if byte_size > _MAX_FALLBACK_FILL_BYTES:
-            raise
-        backend.write_buffer(
-            binding.handle,
-            pattern.to_bytes(4, "little") * (byte_size // 4),
-            offset=binding.offset,
-            stream=stream,
-        )

@@ -1,0 +1,114 @@
+"""What :func:`~accy_async.graph.launch_graph` hands back: the run and each node's completion.
+
+A :class:`GraphRun` is returned once everything is enqueued; it awaits the
+whole graph (every stream of the run) or, through :class:`NodeCompletion`,
+any one node. :mod:`accy_async.graph` re-exports both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import anyio
+
+from ._graph_schedule import Schedule
+from ._loops import checkpoint
+from .backends import Backend, EventHandle
+from .waiting import CompletionLatch, wait_event
+
+__all__ = ["GraphRun", "NodeCompletion"]
+
+
+class NodeCompletion:
+    """Awaitable completion of one node of a :class:`GraphRun`.
+
+    It completes when the earliest marker recorded on the node's stream at or
+    after the node has: the node's own dependency event if it has one, else
+    that of the next producer on its stream, else the stream's end of the
+    run. For a node inside a loop, that is its last iteration.
+    """
+
+    __slots__ = ("_backend", "_event", "_tail", "index")
+
+    def __init__(
+        self,
+        index: int,
+        backend: Backend,
+        event: EventHandle | None,
+        tail: CompletionLatch,
+    ) -> None:
+        self.index = index
+        self._backend = backend
+        self._event = event
+        self._tail = tail
+
+    @property
+    def done(self) -> bool:
+        """Whether the node is known to have completed."""
+        if self._tail.done:
+            return True
+        return self._event is not None and self._backend.query_event(self._event)
+
+    async def wait(self) -> None:
+        """Return once the node has completed on the device."""
+        # The run's events are released only after every stream of the run has
+        # finished, so while this node's stream has not, its event is alive.
+        if self._event is None or self._tail.done:
+            await self._tail.wait()
+        else:
+            await wait_event(self._backend, self._event)
+
+
+class GraphRun:
+    """A launched graph: everything is enqueued; await the whole or any node.
+
+    The run owns nothing that needs closing: its dependency events and the
+    streams it created are released by the backend once the device has
+    finished with them.
+    """
+
+    __slots__ = ("_backend", "_events", "_node_tails", "_schedule", "_tails", "enqueued_launches")
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        schedule: Schedule | None = None,
+        tails: Sequence[CompletionLatch] = (),
+        node_tails: Sequence[CompletionLatch] = (),
+        events: Mapping[int, EventHandle] | None = None,
+        enqueued_launches: int = 0,
+    ) -> None:
+        self._backend = backend
+        self._schedule = schedule
+        self._tails = tuple(tails)
+        self._node_tails = tuple(node_tails)
+        self._events = events or {}
+        self.enqueued_launches = enqueued_launches
+        """How many kernel launches the run enqueued (loops counted per iteration)."""
+
+    @property
+    def done(self) -> bool:
+        """Whether every stream of the run is known to have finished."""
+        return all(latch.done for latch in self._tails)
+
+    async def wait(self) -> None:
+        """Return once all the run's work has completed on the device (a checkpoint)."""
+        if not self._tails:
+            await checkpoint()
+        for latch in self._tails:
+            await latch.wait()
+
+    def node(self, index: int) -> NodeCompletion:
+        """The completion of node ``index``."""
+        if self._backend is None or self._schedule is None:
+            raise IndexError(f"node {index} does not exist: the run has no nodes")
+        producer = self._schedule.completion_producer[index]
+        event = self._events.get(producer) if producer >= 0 else None
+        return NodeCompletion(index, self._backend, event, self._node_tails[index])
+
+    async def __aenter__(self) -> GraphRun:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        with anyio.CancelScope(shield=exc_info[0] is not None):
+            await self.wait()
