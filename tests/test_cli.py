@@ -60,6 +60,19 @@ def test_run_a_builtin_plan_writes_results(tmp_path: Path) -> None:
     np.testing.assert_array_equal(y, np.cumsum(x, dtype=np.int32))
 
 
+def test_trace_runs_a_plan_and_writes_a_timeline_of_its_stages(tmp_path: Path) -> None:
+    trace = tmp_path / "scan.json"
+    arguments = ["prefix_sum_i32", "--scalar", "n=5000", "--backend", "cpu", "--quiet"]
+    out = ["--out", str(tmp_path / "out")]
+    assert main(["trace", *arguments, *out, "-o", str(trace)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    stages = [e for e in events if e["ph"] == "X" and e["pid"] == 2 and e["cat"] == "launch"]
+    assert len(stages) == 3  # the scan's three kernels, as they ran on the stream
+    assert sorted(e["ts"] for e in stages) == [e["ts"] for e in stages]
+    assert main(["run", *arguments, *out, "--force"]) == 0  # run writes no trace
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "scan.json"]
+
+
 def test_run_reads_operands_from_npy_files(tmp_path: Path) -> None:
     x = np.arange(10, dtype=np.float32)
     y = np.ones(10, dtype=np.float32)

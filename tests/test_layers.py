@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plan", "dlpack"),
     ("backends",),
     ("_loops",),
-    ("waiting",),
+    ("waiting", "tracing"),
     (
         "_graph_cache",
         "kernels",

@@ -27,6 +27,8 @@ from .backends import (
     StreamHandle,
     StreamLike,
     SupportsCudaStream,
+    Tracer,
+    TraceRecord,
     WaitPolicy,
     auto_backend_choice,
     cpu_kernel,
@@ -87,6 +89,7 @@ from .plan import (
     RegistryEntry,
     ScalarArgument,
 )
+from .tracing import trace
 from .trust import TrustPolicy
 from .waiting import synchronize, wait_event, wait_read, wait_stream
 
@@ -144,6 +147,8 @@ __all__ = [
     "StreamHandle",
     "StreamLike",
     "SupportsCudaStream",
+    "TraceRecord",
+    "Tracer",
     "TrustPolicy",
     "UnsupportedOperation",
     "UntrustedKernel",
@@ -165,6 +170,7 @@ __all__ = [
     "open_backend",
     "open_pipeline",
     "synchronize",
+    "trace",
     "upload",
     "wait_event",
     "wait_read",

@@ -22,7 +22,7 @@ from .cli_trust import add_digests_parser, digests
 from .demo_command import add_demo_parser, demo
 from .errors import AccyError
 from .plan_commands import add_schema_parser, add_validate_parser, schema, validate
-from .run_command import add_run_parser, run
+from .run_command import add_run_parser, add_trace_parser, run
 from .tune_command import add_tune_parser, tune
 
 __all__ = ["main", "parser"]
@@ -37,6 +37,7 @@ def parser() -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", required=True)
     add_demo_parser(commands)
     add_run_parser(commands)
+    add_trace_parser(commands)
     add_validate_parser(commands)
     add_schema_parser(commands)
     add_tune_parser(commands)
@@ -95,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands: dict[str, Callable[[], int]] = {
         "demo": lambda: anyio.run(demo, args),
         "run": lambda: anyio.run(run, args),
+        "trace": lambda: anyio.run(run, args),
         "tune": lambda: anyio.run(tune, args),
         "validate": lambda: validate(args),
         "schema": lambda: schema(args),

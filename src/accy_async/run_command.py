@@ -11,6 +11,7 @@ CUDA kernels compile in a worker process, and only if trusted (see
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -30,14 +31,36 @@ from .cli_trust import add_trust_arguments, trust_policy_from, untrusted_explain
 from .errors import AccyError, OutOfDeviceMemory
 from .pipeline import PipelineLaunch, choose_format, launch_pipeline
 from .plan import DType, PipelineDocument, ScalarArgument, resolve_quantity, scalar
+from .tracing import trace
 from .trust import TrustPolicy
 
-__all__ = ["add_run_parser", "run"]
+__all__ = ["add_run_parser", "add_trace_parser", "run"]
 
 
 def add_run_parser(commands: Any) -> None:
     """Add the ``run`` sub-command to ``commands`` (an argparse sub-parsers object)."""
     command = commands.add_parser("run", help="run a pipeline plan file or built-in plan")
+    _add_run_arguments(command)
+    command.set_defaults(trace_output=None)
+
+
+def add_trace_parser(commands: Any) -> None:
+    """Add ``trace``: ``run``, recorded as a Chrome trace (Perfetto, ``chrome://tracing``)."""
+    command = commands.add_parser(
+        "trace",
+        help="run a pipeline plan and write a timeline of what ran (Chrome trace JSON)",
+    )
+    _add_run_arguments(command)
+    command.add_argument(
+        "-o",
+        "--output",
+        dest="trace_output",
+        default="trace.json",
+        help="the trace file to write (default: trace.json); open it in https://ui.perfetto.dev",
+    )
+
+
+def _add_run_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "plan",
         help=f"a plan file (JSON, or MessagePack named *.msgpack), or one of "
@@ -246,18 +269,25 @@ async def _run_on_backend(
         try:
             progress.step(f"launching {document.pipeline.target}")
             start = time.perf_counter()
-            await launch_pipeline(
-                backend,
-                PipelineLaunch(
-                    pipeline=document.pipeline,
-                    registry=document.registry,
-                    format=fmt,
-                    operands=[b.bind("read_only") for b in operands],
-                    results=[b.bind() for b in results],
-                    runtime_scalar_arguments=scalars,
-                ),
-            )
+            with contextlib.ExitStack() as tracing:
+                tracer = (
+                    None if args.trace_output is None else tracing.enter_context(trace(backend))
+                )
+                await launch_pipeline(
+                    backend,
+                    PipelineLaunch(
+                        pipeline=document.pipeline,
+                        registry=document.registry,
+                        format=fmt,
+                        operands=[b.bind("read_only") for b in operands],
+                        results=[b.bind() for b in results],
+                        runtime_scalar_arguments=scalars,
+                    ),
+                )
             elapsed = time.perf_counter() - start
+            if tracer is not None:  # launch_pipeline waited for the work: the times are in
+                await anyio.to_thread.run_sync(tracer.write, args.trace_output)
+                print(f"trace: {len(tracer.records)} records -> {args.trace_output}")
             progress.step(f"done in {elapsed * 1e3:.3f} ms; reading results")
             await out.mkdir(parents=True, exist_ok=True)  # only now: a failed run writes nothing
             for spec, buffer in zip(document.results, results, strict=True):

@@ -91,10 +91,16 @@ async def wait_event(
     """
     if policy is not None:
         check_wait_policy(policy)
-    if backend.query_event(event):
-        await _loops.checkpoint()
-        return
-    await _watch(backend, _Event(backend, event), policy)
+    tracer = backend.tracer
+    record = None if tracer is None else tracer.begin("wait", f"event {event.id}", -1)
+    try:
+        if backend.query_event(event):
+            await _loops.checkpoint()
+            return
+        await _watch(backend, _Event(backend, event), policy)
+    finally:
+        if record is not None:
+            tracer.end(record)  # type: ignore[union-attr]
 
 
 async def wait_stream(
@@ -108,14 +114,20 @@ async def wait_stream(
     """
     if policy is not None:
         check_wait_policy(policy)
-    mark = backend.mark_stream(stream)
-    if mark is None:
-        await _loops.current().wait(_StreamCallback(backend, stream))
-        return
+    tracer = backend.tracer
+    record = None if tracer is None else tracer.begin("wait", "stream", -1)
     try:
-        await _await_mark(backend, mark, policy)
+        mark = backend.mark_stream(stream)
+        if mark is None:
+            await _loops.current().wait(_StreamCallback(backend, stream))
+            return
+        try:
+            await _await_mark(backend, mark, policy)
+        finally:
+            mark.release()
     finally:
-        mark.release()
+        if record is not None:
+            tracer.end(record)  # type: ignore[union-attr]
 
 
 async def wait_read(pending: PendingRead, *, policy: WaitPolicy | None = None) -> memoryview:

@@ -21,6 +21,7 @@ from accy_async import (
     load_pipeline_artifacts,
     open_backend,
     open_pipeline,
+    trace,
     wait_stream,
 )
 from accy_async import plan as p
@@ -181,6 +182,10 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
                 raw_launch(native.function, 1, 1, 1, 32, 1, 1, 0, stream.native, native.params, 0)
 
         rows["accy backend.launch (checked)"] = await paired_us(raw, checked, sync, repeat)
+        with trace(backend):  # the host's record of each launch (CUDA has no device times yet)
+            rows["accy backend.launch (checked), traced"] = await paired_us(
+                raw, checked, sync, repeat
+            )
 
         entry = p.RegistryEntry(
             target="bench.empty",

@@ -35,6 +35,7 @@ from ._handles import (
 from ._launch_config import LaunchConfig
 from ._launcher import StageLauncher
 from ._marks import PendingRead, StreamMark
+from ._trace import Tracer, TraceRecord
 from .base import Backend
 from .cpu import CpuBackend
 from .cpu_kernels import (
@@ -85,6 +86,8 @@ __all__ = [
     "StreamLike",
     "StreamMark",
     "SupportsCudaStream",
+    "TraceRecord",
+    "Tracer",
     "WaitPolicy",
     "auto_backend_choice",
     "check_wait_policy",

@@ -78,7 +78,17 @@ class BufferOperations(BackendCore):
         self._check_usable()
         view = memoryview(data).cast("B")
         self._check_range(buffer, offset, view.nbytes)
-        self._write(buffer, view, offset, self._stream(stream))
+        handle = self._stream(stream)
+        if self.tracer is None:
+            self._write(buffer, view, offset, handle)
+        else:
+            self._traced(
+                "write",
+                f"{view.nbytes} bytes to buffer {buffer.id}",
+                handle,
+                lambda: self._write(buffer, view, offset, handle),
+                bytes=view.nbytes,
+            )
 
     def copy_buffer(
         self,
@@ -108,9 +118,20 @@ class BufferOperations(BackendCore):
                 f"copying {size} bytes within {source!r} from {source_offset} to "
                 f"{destination_offset}: the ranges overlap"
             )
-        if size:
-            self._copy(
-                source, source_offset, destination, destination_offset, size, self._stream(stream)
+        if not size:
+            return
+        handle = self._stream(stream)
+        if self.tracer is None:
+            self._copy(source, source_offset, destination, destination_offset, size, handle)
+        else:
+            self._traced(
+                "copy",
+                f"{size} bytes, buffer {source.id} to {destination.id}",
+                handle,
+                lambda: self._copy(
+                    source, source_offset, destination, destination_offset, size, handle
+                ),
+                bytes=size,
             )
 
     def enqueue_read(
@@ -125,7 +146,16 @@ class BufferOperations(BackendCore):
         self._check_usable()
         size = buffer.byte_size - offset if byte_size is None else byte_size
         self._check_range(buffer, offset, size)
-        return self._enqueue_read(buffer, offset, size, self._stream(stream))
+        handle = self._stream(stream)
+        if self.tracer is None:
+            return self._enqueue_read(buffer, offset, size, handle)
+        return self._traced(
+            "read",
+            f"{size} bytes from buffer {buffer.id}",
+            handle,
+            lambda: self._enqueue_read(buffer, offset, size, handle),
+            bytes=size,
+        )
 
     def fill_buffer(
         self, buffer: BufferHandle, pattern: int, *, stream: StreamLike | None = None
@@ -139,7 +169,17 @@ class BufferOperations(BackendCore):
         self._check_buffer(buffer)
         if not 0 <= pattern <= 0xFFFFFFFF:
             raise LaunchArgumentMismatch(f"fill pattern {pattern} is not a u32")
-        self._fill(buffer, pattern, self._stream(stream))
+        handle = self._stream(stream)
+        if self.tracer is None:
+            self._fill(buffer, pattern, handle)
+        else:
+            self._traced(
+                "fill",
+                f"buffer {buffer.id}",
+                handle,
+                lambda: self._fill(buffer, pattern, handle),
+                bytes=buffer.byte_size,
+            )
 
     def register_external_buffer(self, native: Any, byte_size: int) -> BufferHandle:
         """Track memory this backend does not own as a buffer; destroying it only forgets it."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 import abc
 import itertools
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ..errors import DeviceFault, InvalidBuffer
 from ._device_info import Limits
@@ -30,10 +31,12 @@ from ._handles import (
 from ._health import Health
 from ._primitives import BackendPrimitives
 from ._registry import Registry
+from ._trace import Tracer
 
 __all__ = ["BackendCore"]
 
 _backend_ids = itertools.count(1)
+_T = TypeVar("_T")
 
 
 class BackendCore(BackendPrimitives):
@@ -49,6 +52,29 @@ class BackendCore(BackendPrimitives):
         self._live = self._registry.live
         """The registry's live objects by id (the launch checks read it directly)."""
         self._health = Health(self.kind)
+        self.tracer: Tracer | None = None
+        """Where launches, copies and waits are recorded; ``None`` (the default): nowhere.
+
+        Set by :func:`accy_async.trace`; see :mod:`accy_async.backends._trace`."""
+
+    def _traced(
+        self, kind: str, name: str, stream: StreamHandle, enqueue: Callable[[], _T], **args: Any
+    ) -> _T:
+        """``enqueue()``, recorded by the tracer.
+
+        The host's span, and where the backend can tell, the device's (stamps
+        on ``stream`` before and after).
+        """
+        tracer = self.tracer
+        assert tracer is not None
+        record = tracer.begin(kind, name, stream.id, args or None)
+        try:
+            self._trace_stamp(stream, record, False)
+            result = enqueue()
+            self._trace_stamp(stream, record, True)
+            return result
+        finally:
+            tracer.end(record)
 
     @property
     @abc.abstractmethod

@@ -109,7 +109,7 @@ class GraphOperations(BackendCore):
                 raise InvalidBuffer(f"{event!r} is not a live event of this backend")
         # A fresh tuple: the checked path never takes the arguments as unchanged by identity.
         arguments = tuple(arguments)
-        self._launch_graph(graph, arguments, self._stream(stream), wait_events, signal_event)
+        self._enqueue_graph(graph, arguments, self._stream(stream), wait_events, signal_event)
 
     def launch_graph_exec_trusted(
         self,
@@ -130,13 +130,36 @@ class GraphOperations(BackendCore):
         """
         if self._health.refusal is not None:
             self._health.refuse()
-        self._launch_graph(
+        self._enqueue_graph(
             graph,
             arguments,
             self.default_stream if stream is None else stream,
             wait_events,
             signal_event,
         )
+
+    def _enqueue_graph(
+        self,
+        graph: GraphExec,
+        arguments: Sequence[NodeArguments],
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+    ) -> None:
+        if self.tracer is None:
+            self._launch_graph(graph, arguments, stream, wait_events, signal_event)
+            return
+        for event in wait_events:
+            self._wait(stream, event)
+        self._traced(
+            "graph",
+            f"graph {graph.id} of {len(graph.nodes)} nodes",
+            stream,
+            lambda: self._launch_graph(graph, arguments, stream, (), None),
+            nodes=[node.loaded.artifact.spec.kernel_name for node in graph.nodes],
+        )
+        if signal_event is not None:
+            self._record(signal_event, stream)
 
     # ----- the defaults: a graph replayed node by node ---------------------------------------
 

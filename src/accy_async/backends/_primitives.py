@@ -29,6 +29,7 @@ from ._handles import (
 )
 from ._launch_config import LaunchConfig
 from ._marks import PendingRead, StreamMark
+from ._trace import TraceRecord
 
 __all__ = ["BackendPrimitives"]
 
@@ -157,6 +158,13 @@ class BackendPrimitives(abc.ABC):
         """The address a kernel sees for a buffer's ``native`` object (0 if none)."""
         del native
         return 0
+
+    def _trace_stamp(self, stream: StreamHandle, record: TraceRecord, end: bool) -> None:
+        """Have ``record``'s device start (or end) noted when ``stream`` reaches this point.
+
+        Default: the backend cannot tell (the trace shows the host's side only).
+        """
+        del stream, record, end
 
     def _mark_stream(self, stream: StreamHandle) -> StreamMark | None:
         """A mark of ``stream``'s work so far, for backends that offer one (default: none)."""

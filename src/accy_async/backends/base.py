@@ -248,7 +248,7 @@ class Backend(BufferOperations, StreamOperations, GraphOperations):
                 raise InvalidBuffer(f"{event!r} is not a live event of this backend")
         if signal_event is not None and live.get(signal_event.id) is not signal_event:
             raise InvalidBuffer(f"{signal_event!r} is not a live event of this backend")
-        self._launch(
+        self.launch_trusted(
             loaded,
             buffers,
             scalars,
@@ -279,16 +279,41 @@ class Backend(BufferOperations, StreamOperations, GraphOperations):
         """
         if self._health.refusal is not None:
             self._health.refuse()
-        self._launch(
-            loaded,
-            buffers,
-            scalars,
-            config,
-            self.default_stream if stream is None else stream,
-            wait_events,
-            signal_event,
-            diagnostic_id,
+        handle = self.default_stream if stream is None else stream
+        if self.tracer is None:
+            self._launch(
+                loaded, buffers, scalars, config, handle, wait_events, signal_event, diagnostic_id
+            )
+        else:
+            self._traced_launch(
+                loaded, buffers, scalars, config, handle, wait_events, signal_event, diagnostic_id
+            )
+
+    def _traced_launch(
+        self,
+        loaded: LoadedArtifact,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        config: LaunchConfig,
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+        diagnostic_id: str | None,
+    ) -> None:
+        """A launch recorded by the tracer; its device span starts after its waits."""
+        for event in wait_events:
+            self._wait(stream, event)
+        args = {} if diagnostic_id is None else {"diagnostic_id": diagnostic_id}
+        self._traced(
+            "launch",
+            loaded.artifact.spec.kernel_name,
+            stream,
+            lambda: self._launch(loaded, buffers, scalars, config, stream, (), None, diagnostic_id),
+            config=config,
+            **args,
         )
+        if signal_event is not None:
+            self._record(signal_event, stream)
 
     def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
         """A :class:`StageLauncher` for ``loaded``: the fastest way to launch it many times."""

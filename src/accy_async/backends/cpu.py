@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, NamedTuple
 
 import anyio.to_thread
@@ -42,6 +43,7 @@ from ._handles import (
 )
 from ._launch_config import LaunchConfig
 from ._marks import PendingRead
+from ._trace import Tracer, TraceRecord
 from .base import Backend
 from .cpu_kernels import CpuLaunchContext, describe, lookup_cpu_kernel, parse_defines
 
@@ -432,6 +434,10 @@ class CpuBackend(Backend):
         self._worker(stream).put(self._guarded(run, f"CPU kernel {name} ({describe(function)})"))
         if signal_event is not None:
             self._record(signal_event, stream)
+
+    def _trace_stamp(self, stream: StreamHandle, record: TraceRecord, end: bool) -> None:
+        """The stream's worker notes the time when it reaches this point (the host's clock)."""
+        self._worker(stream).put(partial(Tracer.stamp, record, end))
 
     def _query_event(self, event: EventHandle) -> bool:
         state: _CpuEvent = event.native

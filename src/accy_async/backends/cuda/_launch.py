@@ -154,6 +154,24 @@ class CudaStageLauncher(StageLauncher):
             self._health.refuse()
         if stream is None:
             stream = self._default_stream
+        tracer = self.backend.tracer
+        if tracer is not None:  # the host's span only: no device times on CUDA yet
+            record = tracer.begin("launch", self._name, stream.id, {"config": config})
+            try:
+                self._enqueue(prepared, config, stream, wait_events, signal_event)
+            finally:
+                tracer.end(record)
+            return
+        self._enqueue(prepared, config, stream, wait_events, signal_event)
+
+    def _enqueue(
+        self,
+        prepared: Any,
+        config: LaunchConfig,
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+    ) -> None:
         gx, gy, gz, bx, by, bz, shared = config.dims  # read before anything is enqueued
         device = self._device
         if wait_events:

@@ -1,0 +1,225 @@
+"""Tracing: the exported Chrome trace loads and says what ran where, and when.
+
+On the CPU backend (real worker threads): a track per task on the host and per
+stream on the device, complete events, flows from each enqueue to its run that
+pair up, device spans inside their enqueue-to-resume window, no overlapping
+events on one track. Off by default; NVTX ranges checked with a stub module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import accy_async as accy
+from accy_async import library
+from accy_async import plan as p
+from accy_async.backends import GraphNode, Tracer
+from accy_async.pipeline import (
+    PipelineLaunch,
+    allocate_pipeline_intermediates,
+    launch_pipeline,
+    load_pipeline_artifacts,
+)
+
+from .kernels import grid_for, load
+
+N = 100_000
+
+
+async def _two_tasks_of_scans(backend: accy.Backend) -> list[np.ndarray[Any, Any]]:
+    """Two tasks, each on its own stream: upload, a 3-stage scan, download."""
+    document = library.load_builtin("prefix_sum_i32")
+    got: list[np.ndarray[Any, Any]] = []
+    async with await load_pipeline_artifacts(backend, document.pipeline, document.registry) as pool:
+
+        async def one(seed: int) -> None:
+            stream = backend.create_stream()
+            values = np.random.default_rng(seed).integers(0, 9, N, dtype=np.int32)
+            x = accy.upload(backend, values, stream=stream)
+            y = backend.allocate_buffer(4 * N)
+            async with await allocate_pipeline_intermediates(
+                backend, document.pipeline, (p.U32(N),)
+            ) as scratch:
+                request = PipelineLaunch.of(
+                    document,
+                    operands=(x.bind("read_only"),),
+                    results=(y.bind(),),
+                    runtime_scalar_arguments=(p.U32(N),),
+                    intermediates=scratch,
+                    artifacts=pool,
+                    stream=stream,
+                )
+                await launch_pipeline(backend, request)
+                await accy.wait_stream(backend, stream)
+                got.append(await accy.download(backend, y, np.int32, N, stream=stream))
+                assert np.array_equal(got[-1], np.cumsum(values, dtype=np.int32))
+            backend.destroy_all([x, y, stream])
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(one, 1)
+            group.start_soon(one, 2)
+    return got
+
+
+def _by_kind(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event in events:
+        kinds[event["ph"]].append(event)
+    return kinds
+
+
+async def test_a_cpu_trace_has_its_tracks_flows_and_spans_in_order(tmp_path: Path) -> None:
+    async with accy.open_backend("cpu") as backend:
+        with accy.trace(backend) as tracer:
+            await _two_tasks_of_scans(backend)
+        assert backend.tracer is None
+        path = tmp_path / "trace.json"
+        tracer.write(path)
+    document = json.loads(path.read_text())
+    events = document["traceEvents"]
+    kinds = _by_kind(events)
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in kinds["M"] if e["name"] == "thread_name"
+    }
+    processes = {e["pid"]: e["args"]["name"] for e in kinds["M"] if e["name"] == "process_name"}
+    assert processes[1] == "host" and processes[2].startswith("cpu backend")
+    complete = kinds["X"]
+    assert complete and all(
+        {"name", "ph", "pid", "tid", "ts", "dur"} <= e.keys() and e["dur"] >= 0 for e in complete
+    )
+    host = [e for e in complete if e["pid"] == 1]
+    device = [e for e in complete if e["pid"] == 2]
+    # a track per task (two scan tasks) and per stream (two streams), each named
+    assert len({e["tid"] for e in host if e["cat"] == "launch"}) == 2
+    stream_tracks = {e["tid"] for e in device if e["cat"] == "launch"}
+    assert len(stream_tracks) == 2
+    assert all((2, tid) in names for tid in stream_tracks)
+    assert all((1, e["tid"]) in names for e in host)
+    launches = [e for e in device if e["cat"] == "launch"]
+    assert len(launches) == 6  # three stages, two tasks
+    assert {e["cat"] for e in host} >= {"launch", "write", "read", "wait"}
+    # flows pair up: every start on the host has one finish on the device
+    starts = {e["id"]: e for e in kinds["s"]}
+    finishes = {e["id"]: e for e in kinds["f"]}
+    assert starts and starts.keys() == finishes.keys()
+    assert all(e["pid"] == 1 for e in starts.values())
+    assert all(e["pid"] == 2 and e["bp"] == "e" for e in finishes.values())
+    for key, start in starts.items():
+        assert finishes[key]["ts"] >= start["ts"]  # the device ran it after it was enqueued
+    # no overlapping events on one track
+    tracks: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for event in complete:
+        tracks[event["pid"], event["tid"]].append(event)
+    for track, spans in tracks.items():
+        spans.sort(key=lambda e: e["ts"])
+        for before, after in itertools.pairwise(spans):
+            assert after["ts"] >= before["ts"] + before["dur"] - 1e-3, track
+    # each device span lies inside its task's window: after its enqueue, before the task
+    # resumed from its last wait
+    for record in tracer.records:
+        if record.device_start_ns is None or record.device_end_ns is None:
+            continue
+        assert record.device_start_ns >= record.enqueue_start_ns
+        resumed = max(
+            r.enqueue_end_ns for r in tracer.records if r.kind == "wait" and r.task == record.task
+        )
+        assert record.device_end_ns <= resumed
+
+
+async def test_nothing_is_recorded_outside_the_block_and_one_trace_at_a_time() -> None:
+    async with accy.open_backend("recording") as backend:
+        buffer = backend.allocate_buffer(64)
+        with accy.trace(backend) as tracer:
+            backend.fill_buffer(buffer, 7)
+            with (
+                pytest.raises(accy.UnsupportedOperation, match="already being traced"),
+                accy.trace(backend),
+            ):
+                pass
+            assert backend.tracer is tracer
+        backend.fill_buffer(buffer, 8)
+        await accy.wait_stream(backend)
+        assert [(r.kind, r.device_start_ns is not None) for r in tracer.records] == [("fill", True)]
+        backend.destroy(buffer)
+
+
+async def test_a_graph_launch_is_one_event_on_its_stream() -> None:
+    async with accy.open_backend("cpu") as backend:
+        kernel = await load(backend, "add_one_f32")
+        config = accy.LaunchConfig(*grid_for(1024))
+        graph = backend.instantiate_graph(
+            [GraphNode(kernel, config), GraphNode(kernel, config, after=(0,))]
+        )
+        a, b = backend.allocate_buffer(4096), backend.allocate_buffer(4096)
+        n = accy.U32(1024)
+        with accy.trace(backend) as tracer:
+            backend.launch_graph_exec(
+                graph, [([b.bind(), a.bind()], [n]), ([a.bind(), b.bind()], [n])]
+            )
+            await accy.wait_stream(backend)
+        (launch,) = [r for r in tracer.records if r.kind == "graph"]
+        assert launch.args is not None and launch.args["nodes"] == ["add_one_f32", "add_one_f32"]
+        assert launch.device_start_ns is not None and launch.device_end_ns is not None
+        backend.destroy_all([graph, a, b, kernel])
+
+
+class _StubNvtx:
+    """What the tracer needs of the ``nvtx`` package, counting ranges."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, tuple[str, str]] = {}
+        self.closed: list[tuple[str, str]] = []
+
+    def start_range(self, message: str, domain: str, category: str) -> int:
+        handle = len(self.open) + len(self.closed) + 1
+        self.open[handle] = (domain, message)
+        del category
+        return handle
+
+    def end_range(self, handle: int) -> None:
+        self.closed.append(self.open.pop(handle))
+
+
+async def test_nvtx_ranges_start_and_end_in_the_accy_domain() -> None:
+    stub = _StubNvtx()
+    async with accy.open_backend("recording") as backend:
+        buffer = backend.allocate_buffer(64)
+        backend.tracer = Tracer("stub", nvtx_module=stub)
+        try:
+            backend.fill_buffer(buffer, 1)
+            await accy.wait_stream(backend)
+        finally:
+            backend.tracer = None
+        backend.destroy(buffer)
+    assert not stub.open
+    assert stub.closed == [("accy", f"fill buffer {buffer.id}"), ("accy", "wait stream")]
+
+
+async def test_nvtx_without_the_package_is_refused_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_nvtx(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "nvtx":
+            raise ImportError("no nvtx here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_nvtx)
+    async with accy.open_backend("recording") as backend:
+        with (
+            pytest.raises(accy.RuntimeUnavailable, match="pip install"),
+            accy.trace(backend, nvtx=True),
+        ):
+            pass
+        assert backend.tracer is None
