@@ -150,4 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "bench.md").write_text(markdown(result))
     print(markdown(result))
+    from . import plots  # here: `python -m accy_bench.plots` imports this package first
+
+    if plots.available():
+        for path in plots.plot_bench(result, out):
+            print(f"figure: {path}")
     return 0

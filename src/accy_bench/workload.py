@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from . import plots
 from .cancellation import cancellation_section
 from .completion import (
     COMPLETION_WORKLOADS,
@@ -172,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "workload.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
     (out / "workload.md").write_text(text)
+    if plots.available():
+        for path in plots.plot_workload(result, out):
+            print(f"figure: {path}")
     print(text)
     return 0
 
