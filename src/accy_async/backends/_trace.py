@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Final
-
-import sniffio
 
 from ..errors import RuntimeUnavailable
 
@@ -239,10 +238,14 @@ def _exported_args(record: TraceRecord) -> dict[str, Any]:
 
 def _running_trio() -> bool:
     """Whether the caller runs under trio (else asyncio, or no loop at all)."""
-    try:
-        return sniffio.current_async_library() == "trio"
-    except sniffio.AsyncLibraryNotFoundError:
+    trio = sys.modules.get("trio")  # not imported: not running
+    if trio is None:
         return False
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _trio_current_task() -> Any:
