@@ -200,7 +200,7 @@ async def test_nvtx_ranges_start_and_end_in_the_accy_domain() -> None:
             backend.tracer = None
         backend.destroy(buffer)
     assert not stub.open
-    assert stub.closed == [("accy", f"fill buffer {buffer.id}"), ("accy", "wait stream")]
+    assert stub.closed == [("accy", "fill"), ("accy", "wait")]  # few distinct messages
 
 
 async def test_nvtx_without_the_package_is_refused_clearly(
@@ -223,3 +223,27 @@ async def test_nvtx_without_the_package_is_refused_clearly(
         ):
             pass
         assert backend.tracer is None
+
+
+async def test_a_failed_enqueue_and_a_cancelled_wait_say_so() -> None:
+    backend = accy.RecordingBackend(completion="manual")
+    async with backend:
+        buffer = backend.allocate_buffer(64)
+        event = backend.create_event()
+        backend.inject_fault("fill")
+        with accy.trace(backend) as tracer:
+            with pytest.raises(accy.UnsupportedOperation):  # a fill's injected fault
+                backend.fill_buffer(buffer, 1)
+            backend.record_event(event)
+            with anyio.move_on_after(0.01):
+                await accy.wait_event(backend, event)
+        backend.complete_all()
+        failed, waited = tracer.records
+        assert failed.kind == "fill" and failed.args == {
+            "bytes": 64,
+            "error": "UnsupportedOperation",
+        }
+        assert failed.device_end_ns is None
+        assert waited.kind == "wait" and waited.args is not None
+        assert waited.args["error"] in ("Cancelled", "CancelledError")
+        backend.destroy_all([buffer, event])

@@ -98,6 +98,10 @@ async def wait_event(
             await _loops.checkpoint()
             return
         await _watch(backend, _Event(backend, event), policy)
+    except BaseException as exc:
+        if record is not None:  # cancelled, or the device failed
+            record.args = {"error": type(exc).__name__}
+        raise
     finally:
         if record is not None:
             tracer.end(record)  # type: ignore[union-attr]
@@ -125,6 +129,10 @@ async def wait_stream(
             await _await_mark(backend, mark, policy)
         finally:
             mark.release()
+    except BaseException as exc:
+        if record is not None:  # cancelled, or the device failed
+            record.args = {"error": type(exc).__name__}
+        raise
     finally:
         if record is not None:
             tracer.end(record)  # type: ignore[union-attr]

@@ -72,9 +72,12 @@ class BackendCore(BackendPrimitives):
             self._trace_stamp(stream, record, False)
             result = enqueue()
             self._trace_stamp(stream, record, True)
-            return result
+        except BaseException as exc:
+            record.args = {**(record.args or {}), "error": type(exc).__name__}
+            raise
         finally:
             tracer.end(record)
+        return result
 
     @property
     @abc.abstractmethod

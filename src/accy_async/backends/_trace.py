@@ -94,6 +94,8 @@ class Tracer:
         self.stream_names: dict[int, str] = {}
         self.task_names: dict[int, str] = {0: "host"}
         """Each task seen, by the number records carry (0: outside any task)."""
+        self._tasks: list[object] = []
+        """The tasks seen, kept while tracing: no other task can take one's number."""
         self._nvtx: Any = None
         if nvtx or nvtx_module is not None:
             self._nvtx = nvtx_module if nvtx_module is not None else _import_nvtx()
@@ -106,9 +108,10 @@ class Tracer:
     ) -> TraceRecord:
         """Start a record now, on the calling task's behalf."""
         record = TraceRecord(kind, name, stream, self._current_task(), time.perf_counter_ns(), args)
-        if self._nvtx is not None:
+        if self._nvtx is not None:  # few distinct messages: NVTX registers each one
+            message = f"{kind} {name}" if kind in ("launch", "graph") else kind
             record.nvtx_range = self._nvtx.start_range(
-                message=f"{kind} {name}", domain="accy", category=kind
+                message=message, domain="accy", category=kind
             )
         self.records.append(record)
         return record
@@ -137,14 +140,18 @@ class Tracer:
         """The calling task's number (0 outside any task: a thread, a sync caller)."""
         try:
             task: Any = _trio_current_task() if self._trio else asyncio.current_task()
-        except RuntimeError:
-            return 0
+        except RuntimeError:  # no asyncio loop here: trio's, if the tracer began outside one
+            if self._trio or not _running_trio():
+                return 0
+            self._trio = True
+            task = _trio_current_task()
         if task is None:
             return 0
         number = id(task)
         if number not in self.task_names:
             name = task.name if self._trio else task.get_name()
-            self.task_names[number] = f"{name} ({number:x})"
+            self.task_names[number] = f"{name} ({len(self._tasks) + 1})"
+            self._tasks.append(task)
         return number
 
     # ----- export ----------------------------------------------------------------------------

@@ -455,7 +455,9 @@ class CudaBackend(Backend):
         signal_event: EventHandle | None,
         diagnostic_id: str | None,
     ) -> None:
-        self._launcher_of(loaded)(buffers, scalars, config, stream, wait_events, signal_event)
+        self._launcher_of(loaded).launch_untraced(
+            buffers, scalars, config, stream, wait_events, signal_event
+        )
 
     def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
         """A launcher with the kernel's argument array, packer and driver call bound once."""

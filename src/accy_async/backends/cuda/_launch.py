@@ -124,6 +124,33 @@ class CudaStageLauncher(StageLauncher):
             (kernel.params, None, None, state[1]), config, stream, wait_events, signal_event
         )
 
+    def launch_untraced(
+        self,
+        buffers: Sequence[BufferBinding],
+        scalars: Sequence[ScalarArgument],
+        config: LaunchConfig,
+        stream: StreamHandle,
+        wait_events: Sequence[EventHandle],
+        signal_event: EventHandle | None,
+    ) -> None:
+        """One launch that no tracer records.
+
+        For the backend's own ``_launch``: :meth:`Backend.launch` has recorded
+        it already when tracing.
+        """
+        if self._health.refusal is not None:
+            self._health.refuse()
+        self._enqueue(self._packed(buffers, scalars), config, stream, wait_events, signal_event)
+
+    def _packed(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
+        """The arguments packed into the kernel's own argument array (as prepared ones)."""
+        kernel = self._kernel
+        state = self._state
+        self._pack_for(len(buffers), scalars).pack_into(
+            kernel.slots, 0, *[binding.address for binding in buffers], *state[1]
+        )
+        return (kernel.params, None, None, state[1])
+
     def prepare(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
         """Argument storage of its own, and the scalar values (the forecast sizes launches by them).
 
@@ -162,7 +189,21 @@ class CudaStageLauncher(StageLauncher):
             finally:
                 tracer.end(record)
             return
-        self._enqueue(prepared, config, stream, wait_events, signal_event)
+        # The hot path, kept inline (one call less per launch than through _enqueue).
+        gx, gy, gz, bx, by, bz, shared = config.dims  # read before anything is enqueued
+        device = self._device
+        if wait_events:
+            for event in wait_events:
+                device.wait(stream, event)
+        kernel = self._kernel
+        (result,) = self._launch(
+            kernel.function, gx, gy, gz, bx, by, bz, shared, stream.native, prepared[0], 0
+        )
+        if result:
+            device.fail(result, f"launching {self._name}")
+        device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))
+        if signal_event is not None:
+            device.record(signal_event, stream)
 
     def _enqueue(
         self,
