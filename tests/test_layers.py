@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cli_trust",
         "demo_command",
         "plan_commands",
+        "ray",
         "run_command",
         "tune_command",
         "testing",

@@ -1,0 +1,133 @@
+"""Ray: a local cluster of CPU-backend actors behind the router (the ``ray`` extra).
+
+1,000 mixed requests answered right; an actor killed mid-run: every request
+answered once and right; a cancelled caller leaves no work running; the actors'
+backends hold nothing at the end. The router runs on asyncio (Ray's awaitable
+references), so these tests do too.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from accy_async.ray import PipelineActor, PipelineActorImpl, Router  # noqa: E402
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _request(rng: random.Random) -> tuple[str, list[np.ndarray[Any, Any]], dict[str, Any], Any]:
+    """A random request: the plan, its arrays and scalars, and the expected result."""
+    n = rng.choice([1, 7, 1000, 4097, 30_000])
+    kind = rng.choice(["prefix_sum_i32", "prefix_sum_f32", "saxpy_f32"])
+    if kind == "prefix_sum_i32":
+        x = np.arange(n, dtype=np.int32) % 7
+        return kind, [x], {}, np.cumsum(x, dtype=np.int32)
+    if kind == "prefix_sum_f32":
+        x = np.ones(n, np.float32)
+        return kind, [x], {}, np.arange(1, n + 1, dtype=np.float32)
+    x, y = np.full(n, 2, np.float32), np.arange(n, dtype=np.float32)
+    return kind, [x, y], {"a": 1.5}, np.float32(1.5) * x + y
+
+
+def _actors(count: int) -> list[Any]:
+    return [PipelineActor.options(num_cpus=0.5).remote("cpu") for _ in range(count)]
+
+
+async def _close(actors: list[Any]) -> list[int]:
+    return [await actor.close.remote() for actor in actors]
+
+
+async def test_a_thousand_mixed_requests_are_answered_right(cluster: None) -> None:
+    actors = _actors(2)
+    router = Router(actors, max_in_flight=8)
+    rng = random.Random(1)
+    wrong: list[int] = []
+
+    async def one(index: int) -> None:
+        plan, arrays, scalars, expected = _request(rng)
+        (got,) = await router.call(plan, *arrays, **scalars)
+        if not np.allclose(got, expected, rtol=1e-5):
+            wrong.append(index)
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as group:
+            for index in range(1000):
+                group.start_soon(one, index)
+    assert wrong == []
+    served = [await actor.warm_plans.remote() for actor in actors]
+    assert all(served), "both actors served"
+    assert await _close(actors) == [0, 0]
+
+
+async def test_a_killed_actor_loses_no_request_and_answers_none_twice(cluster: None) -> None:
+    actors = _actors(3)
+    router = Router(actors, max_in_flight=4)
+    rng = random.Random(2)
+    answers: dict[int, int] = {}
+    wrong: list[int] = []
+
+    async def one(index: int) -> None:
+        plan, arrays, scalars, expected = _request(rng)
+        (got,) = await router.call(plan, *arrays, **scalars)
+        answers[index] = answers.get(index, 0) + 1
+        if not np.allclose(got, expected, rtol=1e-5):
+            wrong.append(index)
+
+    async def kill_one() -> None:
+        await anyio.sleep(0.3)
+        ray.kill(actors[0], no_restart=True)
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as group:
+            group.start_soon(kill_one)
+            for index in range(300):
+                group.start_soon(one, index)
+    assert wrong == []
+    assert sorted(answers) == list(range(300)) and set(answers.values()) == {1}
+    assert router.alive == 2
+    assert await _close(actors[1:]) == [0, 0]
+
+
+async def test_a_cancelled_caller_leaves_no_work_running(cluster: None) -> None:
+    (actor,) = _actors(1)
+    router = Router([actor])
+    big = np.ones(40_000_000, np.float32)
+    with anyio.move_on_after(0.2) as scope:
+        await router.call("prefix_sum_f32", big)
+    assert scope.cancelled_caught
+    with anyio.fail_after(30):
+        while await actor.in_flight.remote():  # noqa: ASYNC110 - the actor's count, remote
+            await anyio.sleep(0.05)
+    (small,) = await router.call("prefix_sum_f32", np.ones(5, np.float32))
+    assert small.tolist() == [1, 2, 3, 4, 5]
+    assert await _close([actor]) == [0]
+
+
+async def test_a_retried_request_id_is_answered_from_its_record() -> None:
+    """The actor's own bookkeeping, without Ray: the same id runs once."""
+    actor = PipelineActorImpl("cpu")
+    x = np.arange(10, dtype=np.int32)
+    first = await actor.call("id-1", "prefix_sum_i32", [x])
+    again = await actor.call("id-1", "prefix_sum_i32", [np.zeros(10, np.int32)])
+    assert actor.served == 1 and again[0].tolist() == first[0].tolist()
+    assert await actor.close() == 0
