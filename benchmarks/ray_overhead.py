@@ -74,7 +74,7 @@ async def measure() -> dict[str, float]:
         handles = [PipelineActor.options(num_cpus=0.5).remote("cpu") for _ in range(actors)]
         router = Router(handles)
 
-        async def routed() -> None:
+        async def routed(router: Router = router) -> None:
             await router.call("prefix_sum_i32", x)
 
         for concurrency in (1, 64):
