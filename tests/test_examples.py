@@ -16,9 +16,11 @@ CASES = {
     "many_pipelines.py": ["--backend", "cpu", "--count", "1000"],
     "scan_service.py": ["--backend", "cpu", "--self-test", "--clients", "20"],
     "torch_service.py": ["--backend", "cpu", "--clients", "8", "--requests", "10"],
+    "ray_service.py": ["--backend", "cpu", "--actors", "2", "--clients", "8", "--requests", "10"],
 }
-NEEDS = {"torch_service.py": "torch"}
-"""Examples of another library's arrays: run where it is installed (the GPU machine)."""
+NEEDS = {"torch_service.py": "torch", "ray_service.py": "ray"}
+"""Examples that need an optional library: run where it is installed (Ray is in the test extra;
+PyTorch is on the GPU machine)."""
 
 
 def test_every_example_is_covered() -> None:

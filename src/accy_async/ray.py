@@ -134,6 +134,11 @@ class PipelineActorImpl:
         await anyio.lowlevel.checkpoint()
         return sorted(self._calls)
 
+    async def served_count(self) -> int:
+        """Requests run here (see :attr:`served`)."""
+        await anyio.lowlevel.checkpoint()
+        return self.served
+
     async def in_flight(self) -> int:
         """Requests running here now."""
         await anyio.lowlevel.checkpoint()
