@@ -11,8 +11,10 @@ requests on each actor at once (the rest wait: backpressure, not a queue
 that grows without bound).
 
 Every request carries an id. If its actor dies, the router sends it again,
-with the same id, to another actor; the id makes a request that an actor has
-answered once be answered from its record, never run twice. Cancelling the
+with the same id, to another actor, and the caller gets one answer; an actor
+that sees an id again (a retry that reaches it) answers from its record
+instead of running the request twice. A request whose actor died after
+running it may run again on the other actor. Cancelling the
 caller cancels the remote call (``ray.cancel``). Arrays travel as NumPy
 through Ray's object store (read without a copy where Ray can) and come back
 as NumPy. The router runs on asyncio (Ray's awaitable object references).
@@ -22,7 +24,7 @@ A sketch::
     ray.init()
     actors = [PipelineActor.options(num_gpus=1).remote() for _ in range(2)]
     router = Router(actors)
-    y = await router.call("prefix_sum_f32", x)
+    (y,) = await router.call("prefix_sum_f32", x)  # the results, as a list
 """
 
 from __future__ import annotations
