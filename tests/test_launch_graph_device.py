@@ -9,7 +9,6 @@ launched node by node; faults leave nothing behind.
 
 from __future__ import annotations
 
-import anyio
 import numpy as np
 import pytest
 
@@ -17,18 +16,10 @@ import accy_async as accy
 from accy_async import plan as p
 from accy_async.graph import launch_graph
 from accy_async.kernels import load_kernels
+from accy_async.testing import live_after_drain
 
 from .plans import CHAIN_SIZES, bind_all, chain_plan, destroy_bindings, diamond
 from .test_graph import ping_pong, read_f32
-
-
-async def _all_released(backend: accy.Backend) -> None:
-    """Every object of the runs is destroyed (the runs' streams and events once idle)."""
-    with anyio.fail_after(10):
-        while backend.live_handles():
-            backend.collect_deferred()
-            await anyio.sleep(0.001)
-
 
 GRAPHS = {
     "diamond, host order": diamond((None, None, None, None)),
@@ -62,7 +53,7 @@ async def test_a_launch_graph_gives_the_same_numbers_as_one_device_graph(
         assert len(kernels.device_graphs) == 1
     for eager, as_graph in zip(got[False], got[True], strict=True):
         np.testing.assert_array_equal(eager, as_graph)
-    await _all_released(backend)
+    assert await live_after_drain(backend) == {}
 
 
 async def test_new_buffers_each_run_are_patched_in(executing_backend: accy.Backend) -> None:
@@ -95,7 +86,7 @@ async def test_which_runs_go_as_one_graph(
     assert len(recording.graph_launches) == graph_launches
     assert len(recording.launches) == 12
     destroy_bindings(recording, bindings)
-    await _all_released(recording)
+    assert await live_after_drain(recording) == {}
 
 
 async def test_the_runs_other_streams_end_with_the_graph(recording: accy.RecordingBackend) -> None:

@@ -19,6 +19,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from accy_async.ray import PipelineActor, PipelineActorImpl, Router  # noqa: E402
+from accy_async.testing import assert_checkpoint  # noqa: E402
 
 
 @pytest.fixture
@@ -124,10 +125,13 @@ async def test_a_cancelled_caller_leaves_no_work_running(cluster: None) -> None:
 
 
 async def test_a_retried_request_id_is_answered_from_its_record() -> None:
-    """The actor's own bookkeeping, without Ray: the same id runs once."""
+    """The actor's own bookkeeping, without Ray: the same id runs once, and a checkpoint."""
     actor = PipelineActorImpl("cpu")
     x = np.arange(10, dtype=np.int32)
     first = await actor.call("id-1", "prefix_sum_i32", [x])
     again = await actor.call("id-1", "prefix_sum_i32", [np.zeros(10, np.int32)])
     assert actor.served == 1 and again[0].tolist() == first[0].tolist()
+    await assert_checkpoint(lambda: actor.call("id-1", "prefix_sum_i32", [x]))
+    for method in (actor.warm_plans, actor.in_flight, actor.served_count):
+        await assert_checkpoint(method)
     assert await actor.close() == 0

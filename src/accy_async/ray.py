@@ -52,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra
 from .backends import Backend, create_backend
 from .call import PipelineCall, open_pipeline
 from .errors import AccyError, RuntimeUnavailable
-from .waiting import wait_stream
+from .testing import live_after_drain
 
 __all__ = ["DEFAULT_IN_FLIGHT", "PipelineActor", "PipelineActorImpl", "Router"]
 
@@ -93,6 +93,7 @@ class PipelineActorImpl:
         """
         answered = self._answers.get(request_id)
         if answered is not None:
+            await anyio.lowlevel.checkpoint()  # a checkpoint, answered or not
             return answered
         running = self._running.get(request_id)
         if running is None:
@@ -157,13 +158,7 @@ class PipelineActorImpl:
                 await anyio.lowlevel.checkpoint()
                 return 0
             # What a cancelled call gave up is released once its stream is done with it.
-            for stream in backend.live_streams():
-                await wait_stream(backend, stream)
-            with anyio.move_on_after(5):
-                while backend.deferred_count:
-                    backend.collect_deferred()
-                    await anyio.sleep(0.001)
-            left = len(backend.live_objects(owned_only=True))
+            left = len(await live_after_drain(backend))
             await backend.aclose()
             return left
 

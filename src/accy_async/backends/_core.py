@@ -23,6 +23,7 @@ from ._handles import (
     BufferBinding,
     BufferHandle,
     DeviceObject,
+    EventHandle,
     Ownership,
     StreamHandle,
     StreamLike,
@@ -58,15 +59,27 @@ class BackendCore(BackendPrimitives):
         Set by :func:`accy_async.trace`; see :mod:`accy_async.backends._trace`."""
 
     def _traced(
-        self, kind: str, name: str, stream: StreamHandle, enqueue: Callable[[], _T], **args: Any
+        self,
+        kind: str,
+        name: str,
+        stream: StreamHandle,
+        enqueue: Callable[[], _T],
+        *,
+        wait_events: Sequence[EventHandle] = (),
+        signal_event: EventHandle | None = None,
+        **args: Any,
     ) -> _T:
         """``enqueue()``, recorded by the tracer.
 
         The host's span, and where the backend can tell, the device's (stamps
-        on ``stream`` before and after).
+        on ``stream`` before and after). ``wait_events`` are waited for before
+        the first stamp and ``signal_event`` recorded after the last, so the
+        device's span is the work's own: ``enqueue`` must not wait or signal.
         """
         tracer = self.tracer
         assert tracer is not None
+        for event in wait_events:
+            self._wait(stream, event)
         record = tracer.begin(kind, name, stream.id, args or None)
         try:
             self._trace_stamp(stream, record, False)
@@ -77,6 +90,8 @@ class BackendCore(BackendPrimitives):
             raise
         finally:
             tracer.end(record)
+        if signal_event is not None:
+            self._record(signal_event, stream)
         return result
 
     @property

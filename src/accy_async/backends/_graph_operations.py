@@ -149,17 +149,15 @@ class GraphOperations(BackendCore):
         if self.tracer is None:
             self._launch_graph(graph, arguments, stream, wait_events, signal_event)
             return
-        for event in wait_events:
-            self._wait(stream, event)
         self._traced(
             "graph",
             f"graph {graph.id} of {len(graph.nodes)} nodes",
             stream,
             lambda: self._launch_graph(graph, arguments, stream, (), None),
+            wait_events=wait_events,
+            signal_event=signal_event,
             nodes=[node.loaded.artifact.spec.kernel_name for node in graph.nodes],
         )
-        if signal_event is not None:
-            self._record(signal_event, stream)
 
     # ----- the defaults: a graph replayed node by node ---------------------------------------
 

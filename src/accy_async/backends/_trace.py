@@ -91,7 +91,6 @@ class Tracer:
     ) -> None:
         self.device_name = device_name
         self.records: list[TraceRecord] = []
-        self.stream_names: dict[int, str] = {}
         self.task_names: dict[int, str] = {0: "host"}
         """Each task seen, by the number records carry (0: outside any task)."""
         self._tasks: list[object] = []
@@ -131,10 +130,6 @@ class Tracer:
             record.device_end_ns = now
         else:
             record.device_start_ns = now
-
-    def name_stream(self, stream: int, name: str) -> None:
-        """Name a stream's track (the default stream and created ones are named by id)."""
-        self.stream_names[stream] = name
 
     def _current_task(self) -> int:
         """The calling task's number (0 outside any task: a thread, a sync caller)."""
@@ -217,9 +212,10 @@ class Tracer:
         for task, tid in tasks.items():
             name = self.task_names.get(task, "?")
             events.append(_meta("thread_name", _HOST_PID, tid, f"task {name}"))
-        for stream in sorted(streams):
-            name = self.stream_names.get(stream, f"stream {stream}")
-            events.append(_meta("thread_name", _DEVICE_PID, stream, name))
+        events.extend(
+            _meta("thread_name", _DEVICE_PID, stream, f"stream {stream}")
+            for stream in sorted(streams)
+        )
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write(self, path: str | Path) -> None:

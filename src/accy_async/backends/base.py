@@ -248,7 +248,7 @@ class Backend(BufferOperations, StreamOperations, GraphOperations):
                 raise InvalidBuffer(f"{event!r} is not a live event of this backend")
         if signal_event is not None and live.get(signal_event.id) is not signal_event:
             raise InvalidBuffer(f"{signal_event!r} is not a live event of this backend")
-        self.launch_trusted(
+        self._enqueue_launch(
             loaded,
             buffers,
             scalars,
@@ -279,17 +279,18 @@ class Backend(BufferOperations, StreamOperations, GraphOperations):
         """
         if self._health.refusal is not None:
             self._health.refuse()
-        handle = self.default_stream if stream is None else stream
-        if self.tracer is None:
-            self._launch(
-                loaded, buffers, scalars, config, handle, wait_events, signal_event, diagnostic_id
-            )
-        else:
-            self._traced_launch(
-                loaded, buffers, scalars, config, handle, wait_events, signal_event, diagnostic_id
-            )
+        self._enqueue_launch(
+            loaded,
+            buffers,
+            scalars,
+            config,
+            self.default_stream if stream is None else stream,
+            wait_events,
+            signal_event,
+            diagnostic_id,
+        )
 
-    def _traced_launch(
+    def _enqueue_launch(
         self,
         loaded: LoadedArtifact,
         buffers: Sequence[BufferBinding],
@@ -300,20 +301,22 @@ class Backend(BufferOperations, StreamOperations, GraphOperations):
         signal_event: EventHandle | None,
         diagnostic_id: str | None,
     ) -> None:
-        """A launch recorded by the tracer; its device span starts after its waits."""
-        for event in wait_events:
-            self._wait(stream, event)
-        args = {} if diagnostic_id is None else {"diagnostic_id": diagnostic_id}
+        """The launch, checked already; recorded when tracing (its span after its waits)."""
+        if self.tracer is None:
+            self._launch(
+                loaded, buffers, scalars, config, stream, wait_events, signal_event, diagnostic_id
+            )
+            return
         self._traced(
             "launch",
             loaded.artifact.spec.kernel_name,
             stream,
             lambda: self._launch(loaded, buffers, scalars, config, stream, (), None, diagnostic_id),
+            wait_events=wait_events,
+            signal_event=signal_event,
             config=config,
-            **args,
+            **({} if diagnostic_id is None else {"diagnostic_id": diagnostic_id}),
         )
-        if signal_event is not None:
-            self._record(signal_event, stream)
 
     def stage_launcher(self, loaded: LoadedArtifact) -> StageLauncher:
         """A :class:`StageLauncher` for ``loaded``: the fastest way to launch it many times."""

@@ -27,7 +27,7 @@ import ctypes
 import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
 import anyio.to_thread
 import numpy as np
@@ -58,13 +58,13 @@ from .._marks import PendingRead, StreamMark
 from ..base import Backend
 from ..forecast import Anticipation, byte_features
 from ._artifacts import create_artifact, load_kernel
-from ._device import DeviceState
+from ._device import DeviceState, DriverResults
 from ._graphs import destroy_graph, instantiate_graph, launch_graph
 from ._launch import CudaStageLauncher, Kernel
 from ._marks import CudaRead, CudaStreamMark
 from ._memory import Allocation
 from .compile_pool import CompilePool, shared_compile_pool
-from .driver import driver, initialised_driver, probe_cuda, translate
+from .driver import driver, initialised_driver, probe_cuda
 from .nvrtc import nvrtc_version
 
 __all__ = ["CudaBackend", "probe_cuda"]
@@ -88,17 +88,18 @@ class CudaBackend(Backend):
         wait_policy: WaitPolicy = "balanced",
     ) -> None:
         super().__init__(limits=limits, wait_policy=wait_policy)
+        self._results = DriverResults(self.poison)
         self.polled_from_loop = anticipation
         self._compile_pool: CompilePool | None = None
         d = initialised_driver()
-        self._device = self._value(d.cuDeviceGet(device), f"opening device {device}")
+        self._device = self._results.value(d.cuDeviceGet(device), f"opening device {device}")
         self._ordinal = device
-        raw = self._value(d.cuDeviceGetName(256, self._device), "reading the device name")
+        raw = self._results.value(d.cuDeviceGetName(256, self._device), "reading the device name")
         self._name = raw.split(b"\0", 1)[0].decode(errors="replace")
         attribute = d.CUdevice_attribute
         self._compute_capability = (
             int(
-                self._value(
+                self._results.value(
                     d.cuDeviceGetAttribute(
                         attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._device
                     ),
@@ -106,7 +107,7 @@ class CudaBackend(Backend):
                 )
             ),
             int(
-                self._value(
+                self._results.value(
                     d.cuDeviceGetAttribute(
                         attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._device
                     ),
@@ -115,20 +116,22 @@ class CudaBackend(Backend):
             ),
         )
         self._l2_bytes = int(
-            self._value(
+            self._results.value(
                 d.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, self._device),
                 "reading the L2 cache size",
             )
         )
         self._identity = self._read_identity()
-        total = int(self._value(d.cuDeviceTotalMem(self._device), "reading the memory size"))
+        total = int(
+            self._results.value(d.cuDeviceTotalMem(self._device), "reading the memory size")
+        )
         if limits is None:
             self.limits = Limits(max_buffer_bytes=total, max_total_bytes=total)
-        self._context = self._value(
+        self._context = self._results.value(
             d.cuDevicePrimaryCtxRetain(self._device), "retaining the primary context"
         )
-        self._check(d.cuCtxSetCurrent(self._context), "making the context current")
-        self._default_native = self._value(
+        self._results.check(d.cuCtxSetCurrent(self._context), "making the context current")
+        self._default_native = self._results.value(
             d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
         )
         self._default_stream = StreamHandle(
@@ -151,10 +154,10 @@ class CudaBackend(Backend):
     def _read_identity(self) -> DeviceIdentity:
         d = driver()
         get_uuid = getattr(d, "cuDeviceGetUuid_v2", None) or d.cuDeviceGetUuid
-        raw = bytes(self._value(get_uuid(self._device), "reading the device UUID").bytes)
+        raw = bytes(self._results.value(get_uuid(self._device), "reading the device UUID").bytes)
         hexed = raw.hex()
         uuid = f"GPU-{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:32]}"
-        version = int(self._value(d.cuDriverGetVersion(), "reading the driver version"))
+        version = int(self._results.value(d.cuDriverGetVersion(), "reading the driver version"))
         try:
             major, minor = nvrtc_version()
             compiler = f"nvrtc {major}.{minor}"
@@ -169,22 +172,6 @@ class CudaBackend(Backend):
         )
 
     # ----- helpers -------------------------------------------------------------------------
-
-    def _check(self, result: Any, action: str) -> None:
-        code = result[0] if isinstance(result, tuple) else result
-        if int(code):
-            self._raise(code, action)
-
-    def _value(self, result: tuple[Any, ...], action: str) -> Any:
-        if int(result[0]):
-            self._raise(result[0], action)
-        return result[1]
-
-    def _raise(self, code: Any, action: str) -> NoReturn:
-        error = translate(code, action)
-        if isinstance(error, DeviceFault):
-            self.poison(error)
-        raise error
 
     # ----- what the backend is -------------------------------------------------------------
 
@@ -245,13 +232,15 @@ class CudaBackend(Backend):
 
     def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
         d = driver()
-        pointer = int(self._value(d.cuMemAlloc(byte_size), f"allocating {byte_size} bytes"))
+        pointer = int(self._results.value(d.cuMemAlloc(byte_size), f"allocating {byte_size} bytes"))
         if pointer % alignment:
             self._device_state.janitor.submit(
                 "freeing a misaligned buffer", lambda: d.cuMemFree(pointer)
             )
             padded = int(
-                self._value(d.cuMemAlloc(byte_size + alignment), f"allocating {byte_size} bytes")
+                self._results.value(
+                    d.cuMemAlloc(byte_size + alignment), f"allocating {byte_size} bytes"
+                )
             )
             return Allocation(padded, padded + (-padded) % alignment)
         return Allocation(pointer, pointer)
@@ -267,7 +256,7 @@ class CudaBackend(Backend):
         host, capacity = self._device_state.staging.take(size)
         ctypes.memmove(host, np.frombuffer(data, dtype=np.uint8).ctypes.data, size)
         d = driver()
-        self._check(
+        self._results.check(
             d.cuMemcpyHtoDAsync(buffer.address + offset, host, size, stream.native),
             "copying to the device",
         )
@@ -285,7 +274,7 @@ class CudaBackend(Backend):
         size: int,
         stream: StreamHandle,
     ) -> None:
-        self._check(
+        self._results.check(
             driver().cuMemcpyDtoDAsync(
                 destination.address + destination_offset,
                 source.address + source_offset,
@@ -303,7 +292,7 @@ class CudaBackend(Backend):
         d = driver()
         try:
             if size:
-                self._check(
+                self._results.check(
                     d.cuMemcpyDtoHAsync(host, buffer.address + offset, size, stream.native),
                     "copying to the host",
                 )
@@ -327,7 +316,7 @@ class CudaBackend(Backend):
                 f"{buffer.byte_size} bytes"
             )
         d = driver()
-        self._check(
+        self._results.check(
             d.cuMemsetD32Async(
                 buffer.native.address, pattern, buffer.byte_size // 4, stream.native
             ),
@@ -363,7 +352,7 @@ class CudaBackend(Backend):
 
     def _create_stream(self, object_id: int) -> Any:
         d = driver()
-        native = self._value(
+        native = self._results.value(
             d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
         )
         self._device_state.track(object_id)
@@ -390,12 +379,12 @@ class CudaBackend(Backend):
     def _create_event(self, object_id: int, timing: bool) -> Any:
         d = driver()
         flags = d.CUevent_flags.CU_EVENT_DEFAULT if timing else self._device_state.event_flags
-        return self._value(d.cuEventCreate(flags), "creating an event")
+        return self._results.value(d.cuEventCreate(flags), "creating an event")
 
     def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
         d = driver()
         elapsed_time = getattr(d, "cuEventElapsedTime_v2", None) or d.cuEventElapsedTime
-        milliseconds = self._value(elapsed_time(start.native, end.native), "timing events")
+        milliseconds = self._results.value(elapsed_time(start.native, end.native), "timing events")
         return float(milliseconds) / 1000.0
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
@@ -433,8 +422,8 @@ class CudaBackend(Backend):
         marker = self._device_state.take_marker()
         d = driver()
         try:
-            self._check(d.cuEventRecord(marker, first), "recording on a foreign stream")
-            self._check(d.cuStreamWaitEvent(then, marker, 0), "waiting across streams")
+            self._results.check(d.cuEventRecord(marker, first), "recording on a foreign stream")
+            self._results.check(d.cuStreamWaitEvent(then, marker, 0), "waiting across streams")
         finally:
             # A wait takes the record as it is when enqueued: the marker may be reused.
             self._device_state.recycle_marker(marker)
@@ -500,7 +489,7 @@ class CudaBackend(Backend):
                 record.ledger.sighted(record.position, record.pending_at, time.perf_counter())
             return True
         if result != self._device_state.not_ready:
-            self._raise(result, "querying an event")
+            self._results.fail(result, "querying an event")
         record = self._device_state.records.get(event.id)
         if record is not None:
             record.pending_at = time.perf_counter()
@@ -511,7 +500,7 @@ class CudaBackend(Backend):
         if result == self._device_state.success:
             return True
         if result != self._device_state.not_ready:
-            self._raise(result, "querying a stream")
+            self._results.fail(result, "querying a stream")
         return False
 
     def _notify_when_complete(

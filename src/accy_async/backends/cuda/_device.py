@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .._health import Health
     from ..base import Backend
 
-__all__ = ["DeviceState", "Record"]
+__all__ = ["DeviceState", "DriverResults", "Record"]
 
 _MARKER_POOL_SIZE = 1024
 
@@ -51,7 +51,38 @@ class Record:
             self.ledger.sighted(self.position, self.pending_at, time.perf_counter())
 
 
-class DeviceState:
+class DriverResults:
+    """How a failed driver call becomes an error: the backend's and its parts' one way.
+
+    ``poison`` makes a device fault sticky (the backend's :meth:`Backend.poison`).
+    """
+
+    __slots__ = ("poison",)
+
+    def __init__(self, poison: Callable[[DeviceFault], None]) -> None:
+        self.poison = poison
+
+    def fail(self, code: Any, action: str) -> NoReturn:
+        """Raise the error of a failed driver call (a device fault poisons the backend first)."""
+        error = translate(code, action)
+        if isinstance(error, DeviceFault):
+            self.poison(error)
+        raise error
+
+    def check(self, result: Any, action: str) -> None:
+        """Raise if the driver call's ``CUresult`` (alone or first of a tuple) is an error."""
+        code = result[0] if isinstance(result, tuple) else result
+        if int(code):
+            self.fail(code, action)
+
+    def value(self, result: tuple[Any, ...], action: str) -> Any:
+        """The value of a driver call's ``(CUresult, value)``, or its error raised."""
+        if int(result[0]):
+            self.fail(result[0], action)
+        return result[1]
+
+
+class DeviceState(DriverResults):
     """The context's shared state; made by the backend, used by every part of it.
 
     ``owner`` is the backend, read through its public face only (``closed``,
@@ -74,7 +105,6 @@ class DeviceState:
         "ledgers",
         "not_ready",
         "owner",
-        "poison",
         "reactor",
         "records",
         "staging",
@@ -93,7 +123,7 @@ class DeviceState:
         d = driver()
         self.context = context
         self.health = health
-        self.poison = poison
+        super().__init__(poison)
         self.owner = owner
         self.success = d.CUresult.CUDA_SUCCESS
         self.not_ready = d.CUresult.CUDA_ERROR_NOT_READY
@@ -109,27 +139,6 @@ class DeviceState:
         self.reactor = CompletionReactor(context, poison, poll_interval=poll_interval)
         self._markers: list[Any] = []
         self._markers_lock = threading.Lock()
-
-    # ----- driver results ------------------------------------------------------------------
-
-    def fail(self, code: Any, action: str) -> NoReturn:
-        """Raise the error of a failed driver call (a device fault poisons the backend first)."""
-        error = translate(code, action)
-        if isinstance(error, DeviceFault):
-            self.poison(error)
-        raise error
-
-    def check(self, result: Any, action: str) -> None:
-        """Raise if the driver call's ``CUresult`` (alone or first of a tuple) is an error."""
-        code = result[0] if isinstance(result, tuple) else result
-        if int(code):
-            self.fail(code, action)
-
-    def value(self, result: tuple[Any, ...], action: str) -> Any:
-        """The value of a driver call's ``(CUresult, value)``, or its error raised."""
-        if int(result[0]):
-            self.fail(result[0], action)
-        return result[1]
 
     # ----- ledgers and records -------------------------------------------------------------
 

@@ -115,13 +115,8 @@ class CudaStageLauncher(StageLauncher):
         signal_event: EventHandle | None = None,
     ) -> None:
         """Enqueue one launch of the bound kernel."""
-        kernel = self._kernel
-        state = self._state
-        self._pack_for(len(buffers), scalars).pack_into(
-            kernel.slots, 0, *[binding.address for binding in buffers], *state[1]
-        )
         self.launch_prepared(
-            (kernel.params, None, None, state[1]), config, stream, wait_events, signal_event
+            self._packed(buffers, scalars), config, stream, wait_events, signal_event
         )
 
     def launch_untraced(
@@ -138,9 +133,9 @@ class CudaStageLauncher(StageLauncher):
         For the backend's own ``_launch``: :meth:`Backend.launch` has recorded
         it already when tracing.
         """
-        if self._health.refusal is not None:
-            self._health.refuse()
-        self._enqueue(self._packed(buffers, scalars), config, stream, wait_events, signal_event)
+        self.launch_prepared(
+            self._packed(buffers, scalars), config, stream, wait_events, signal_event, traced=False
+        )
 
     def _packed(self, buffers: Sequence[BufferBinding], scalars: Sequence[ScalarArgument]) -> Any:
         """The arguments packed into the kernel's own argument array (as prepared ones)."""
@@ -175,55 +170,39 @@ class CudaStageLauncher(StageLauncher):
         stream: StreamHandle | None,
         wait_events: Sequence[EventHandle] = (),
         signal_event: EventHandle | None = None,
+        *,
+        traced: bool = True,
     ) -> None:
-        """Launch with the prepared argument array: nothing is packed or copied."""
+        """Launch with the prepared argument array: nothing is packed or copied.
+
+        Recorded by the backend's tracer, if it has one, unless ``traced`` is
+        false (the backend's own ``_launch``: :meth:`Backend.launch` records it).
+        """
         if self._health.refusal is not None:
             self._health.refuse()
         if stream is None:
             stream = self._default_stream
-        tracer = self.backend.tracer
-        if tracer is not None:  # the host's span only: no device times on CUDA yet
-            record = tracer.begin("launch", self._name, stream.id, {"config": config})
-            try:
-                self._enqueue(prepared, config, stream, wait_events, signal_event)
-            finally:
-                tracer.end(record)
-            return
-        # The hot path, kept inline (one call less per launch than through _enqueue).
         gx, gy, gz, bx, by, bz, shared = config.dims  # read before anything is enqueued
-        device = self._device
-        if wait_events:
-            for event in wait_events:
-                device.wait(stream, event)
-        kernel = self._kernel
-        (result,) = self._launch(
-            kernel.function, gx, gy, gz, bx, by, bz, shared, stream.native, prepared[0], 0
+        tracer = self.backend.tracer if traced else None
+        record = (  # the host's span only: no device times on CUDA yet
+            None
+            if tracer is None
+            else tracer.begin("launch", self._name, stream.id, {"config": config})
         )
-        if result:
-            device.fail(result, f"launching {self._name}")
-        device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))
-        if signal_event is not None:
-            device.record(signal_event, stream)
-
-    def _enqueue(
-        self,
-        prepared: Any,
-        config: LaunchConfig,
-        stream: StreamHandle,
-        wait_events: Sequence[EventHandle],
-        signal_event: EventHandle | None,
-    ) -> None:
-        gx, gy, gz, bx, by, bz, shared = config.dims  # read before anything is enqueued
-        device = self._device
-        if wait_events:
-            for event in wait_events:
-                device.wait(stream, event)
-        kernel = self._kernel
-        (result,) = self._launch(
-            kernel.function, gx, gy, gz, bx, by, bz, shared, stream.native, prepared[0], 0
-        )
-        if result:
-            device.fail(result, f"launching {self._name}")
-        device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))
-        if signal_event is not None:
-            device.record(signal_event, stream)
+        try:
+            device = self._device
+            if wait_events:
+                for event in wait_events:
+                    device.wait(stream, event)
+            kernel = self._kernel
+            (result,) = self._launch(
+                kernel.function, gx, gy, gz, bx, by, bz, shared, stream.native, prepared[0], 0
+            )
+            if result:
+                device.fail(result, f"launching {self._name}")
+            device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))
+            if signal_event is not None:
+                device.record(signal_event, stream)
+        finally:
+            if record is not None:
+                tracer.end(record)  # type: ignore[union-attr]
