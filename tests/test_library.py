@@ -18,7 +18,16 @@ from accy_async.pipeline import (
     load_pipeline_artifacts,
 )
 
-SIZES = [1, 63, 64, 65, 4095, 4096, 4097, 10**6 + 3]
+from .conftest import needs_gpu
+
+SIZES = [1, 63, 64, 65, 4095, 4096, 4097, 32 * 4096, 32 * 4096 + 1, 65 * 4096 + 7, 10**6 + 3]
+"""Around a tile (1,024 or 4,096 elements), a look-back window (32 tiles), and past both."""
+METHODS: list[library.ScanMethod] = ["single_pass", "three_stage"]
+
+
+def wrapped_cumsum(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The inclusive sum of 32-bit integers as the device computes it: 64-bit sums, wrapped."""
+    return np.cumsum(values.astype(np.int64)).astype(values.dtype)
 
 
 def fmt_of(backend: accy.Backend) -> p.ArtifactFormat:
@@ -54,23 +63,74 @@ async def run_document(
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("block", [64, 256])
+@pytest.mark.parametrize("method", METHODS)
 async def test_prefix_sum_matches_numpy_exactly_on_integers(
-    executing_backend: accy.Backend, n: int, block: int
+    executing_backend: accy.Backend, n: int, block: int, method: library.ScanMethod
 ) -> None:
     rng = np.random.default_rng(n)
-    values = rng.integers(-1000, 1000, n, dtype=np.int32)
-    document = library.prefix_sum(p.DType.I32, block)
+    values = rng.integers(-(2**31), 2**31, n, dtype=np.int32)  # sums wrap, as int32 does
+    document = library.prefix_sum(p.DType.I32, block, method=method)
     got = await run_document(executing_backend, document, [values], (p.U32(n),), np.int32, n)
-    np.testing.assert_array_equal(got, np.cumsum(values, dtype=np.int32))
+    np.testing.assert_array_equal(got, wrapped_cumsum(values))
+
+
+@pytest.mark.parametrize("n", [4096 * 5 + 3, 10**6 + 3])
+@pytest.mark.parametrize("vectors", [1, 3, 8])
+async def test_the_single_pass_scan_takes_any_rows_per_thread_and_unsigned_integers(
+    executing_backend: accy.Backend, n: int, vectors: int
+) -> None:
+    values = np.random.default_rng(vectors).integers(0, 2**32, n, dtype=np.uint32)
+    document = library.prefix_sum(p.DType.U32, 128, method="single_pass", vectors=vectors)
+    got = await run_document(executing_backend, document, [values], (p.U32(n),), np.uint32, n)
+    np.testing.assert_array_equal(got, wrapped_cumsum(values))
+
+
+async def test_the_single_pass_scan_reads_and_writes_unaligned_arrays(
+    executing_backend: accy.Backend,
+) -> None:
+    """Arrays 4 bytes past a 16-byte boundary: every tile goes element by element."""
+    backend = executing_backend
+    n = 3 * 4096 + 5
+    values = np.random.default_rng(3).integers(-50, 50, n + 1, dtype=np.int32)
+    document = library.load_builtin("prefix_sum_i32")
+    source = accy.upload(backend, values)
+    result = backend.allocate_buffer(4 * (n + 1))
+    try:
+        await launch_pipeline(
+            backend,
+            PipelineLaunch.of(
+                document,
+                operands=(source.bind("read_only", offset=4, byte_size=4 * n),),
+                results=(result.bind(offset=4, byte_size=4 * n),),
+                runtime_scalar_arguments=(p.U32(n),),
+                format=fmt_of(backend),
+            ),
+        )
+        got = await accy.download(backend, result, np.int32, n + 1)
+    finally:
+        backend.destroy_all([source, result])
+    np.testing.assert_array_equal(got[1:], wrapped_cumsum(values[1:]))
+
+
+def test_the_single_pass_scan_refuses_what_it_cannot_take() -> None:
+    with pytest.raises(ValueError, match="method='three_stage'"):
+        library.prefix_sum(p.DType.F64, method="single_pass")
+    with pytest.raises(ValueError, match="vectors"):
+        library.prefix_sum(p.DType.F32, vectors=0)
+    with pytest.raises(ValueError, match="method must be"):
+        library.prefix_sum(p.DType.F32, method="four_stage")  # type: ignore[arg-type]
+    assert len(library.prefix_sum(p.DType.F64).pipeline.stages) == 3  # 8-byte: the reference
+    assert len(library.load_builtin("prefix_sum_i32").pipeline.stages) == 2
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", ["prefix_sum_f32", "prefix_sum_f32_three_stage"])
 async def test_prefix_sum_of_floats_is_within_rounding(
-    executing_backend: accy.Backend, n: int
+    executing_backend: accy.Backend, n: int, name: str
 ) -> None:
     rng = np.random.default_rng(n + 1)
     values = rng.random(n, dtype=np.float32)
-    document = library.load_builtin("prefix_sum_f32")
+    document = library.load_builtin(name)
     got = await run_document(executing_backend, document, [values], (p.U32(n),), np.float32, n)
     reference = np.cumsum(values.astype(np.float64))
     np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-3)
@@ -189,3 +249,47 @@ async def test_n_zero_and_n_beyond_bounds_are_refused_before_allocation(
                 ),
             )
     assert recording.buffer_allocate_count == 0
+
+
+# ----- on the GPU, at the sizes the kernels are built for -----------------------------------
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", ["prefix_sum_i32", "prefix_sum_f32", "sum_f32"])
+async def test_a_hundred_million_elements_again_and_again_on_the_gpu(name: str) -> None:
+    """The look-back scan's tiles race each other: relaunch, and check every result."""
+    n = 10**8 + 7
+    rng = np.random.default_rng(17)
+    document = library.load_builtin(name)
+    floats = document.operands[0].dtype is p.DType.F32
+    values = (
+        rng.random(n, dtype=np.float32)
+        if floats
+        else rng.integers(-(2**31), 2**31, n, dtype=np.int32)
+    )
+    if name == "sum_f32":
+        expected: np.ndarray[Any, Any] = np.array([values.astype(np.float64).sum()])
+    else:
+        expected = np.cumsum(values.astype(np.float64 if floats else np.int64))
+    scalars = (p.U32(n),)
+    async with accy.open_backend("cuda") as backend:
+        fmt = p.ArtifactFormat.CUDA_SOURCE
+        pool = await load_pipeline_artifacts(backend, document.pipeline, document.registry, fmt)
+        scratch = await allocate_pipeline_intermediates(backend, document.pipeline, scalars)
+        source = accy.upload(backend, values)
+        count = 1 if name == "sum_f32" else n
+        result = backend.allocate_buffer(4 * count)
+        async with pool, scratch:
+            request = PipelineLaunch.of(
+                document, operands=(source.bind("read_only"),), results=(result.bind(),),
+                runtime_scalar_arguments=scalars, intermediates=scratch, artifacts=pool,
+            )  # fmt: skip
+            for _ in range(4):
+                await launch_pipeline(backend, request)
+                got = await accy.download(backend, result, values.dtype, count)
+                if floats:
+                    np.testing.assert_allclose(got, expected, rtol=2e-5 if count == n else 1e-5)
+                else:
+                    np.testing.assert_array_equal(got, expected.astype(np.int32))
+        backend.destroy_all([source, result])

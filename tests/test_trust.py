@@ -213,9 +213,10 @@ def test_the_command_line_prints_digests_and_reads_trust_files(
     changed.write_bytes(p.encode_json(changed_document()))
     assert cli.main(["digests", "prefix_sum_f32", str(changed)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 6
+    kernels = sum(e.format is CUDA for e in library.load_builtin("prefix_sum_f32").registry.entries)
+    assert len(lines) == 2 * kernels  # each CUDA kernel of the built-in plan, then of the file
     assert all(line.startswith("sha256:") for line in lines)
-    assert f"{changed}  $.registry.entries[1]" in lines[3]
+    assert f"{changed}  $.registry.entries[1]" in lines[kernels]
     tuning = tmp_path / "tuning.json"
     from accy_async.library.tuning import tuning_document
 

@@ -467,7 +467,13 @@ def test_cli_tune_takes_a_builtin_plan_name(capsys: pytest.CaptureFixture[str]) 
 def test_cli_tunes_the_builtin_kernels_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "--backend", "cpu", "-n", "20000", "--no-cache", "--quiet"]) == 0
     out = capsys.readouterr().out
-    for name in ("saxpy.f32", "partial_sum.f32", "block_scan.f32", "prefix_sum.f32"):
+    for name in (
+        "saxpy.f32",
+        "partial_sum.f32",
+        "block_scan.f32",
+        "prefix_sum.f32",
+        "prefix_sum_single_pass.f32",
+    ):
         assert name in out
 
 

@@ -126,17 +126,23 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks and write ``bench.json`` and ``bench.md`` to ``--out``.
 
     ``accy-async bench workload ...`` runs the application workloads instead
-    (:mod:`accy_bench.workload`).
+    (:mod:`accy_bench.workload`); ``accy-async bench kernels ...`` the built-in
+    kernels' device time (:mod:`accy_bench.kernels`).
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["workload"]:
         from .workload import main as workload_main
 
         return workload_main(arguments[1:])
+    if arguments[:1] == ["kernels"]:
+        from .kernels import main as kernels_main
+
+        return kernels_main(arguments[1:])
     parser = argparse.ArgumentParser(
         prog="accy-async bench",
         description=__doc__.splitlines()[0],
-        epilog="accy-async bench workload --help: the application workloads (another run).",
+        epilog="accy-async bench workload --help: the application workloads (another run); "
+        "accy-async bench kernels --help: the built-in kernels' device time.",
     )
     parser.add_argument("--out", default=".", help="folder for bench.json and bench.md")
     parser.add_argument("--repeat", type=int, default=20)

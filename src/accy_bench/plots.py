@@ -12,7 +12,9 @@ already written::
   ``completion-<length>.png``, each way of waiting's median and p90 latency with the CPU
   it used;
 * from the application workloads (``workload.json``): ``workload-completion.png``, the
-  median, p90 and p99 of the default waits and their baselines for every workload.
+  median, p90 and p99 of the default waits and their baselines for every workload;
+* from the kernel bench (``kernels.json``): ``kernels-bandwidth.png``, the bandwidth each
+  implementation of each kernel reached at each size, beside 4 TB/s and the device's peak.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["available", "main", "plot_bench", "plot_workload"]
+__all__ = ["available", "main", "plot_bench", "plot_kernels", "plot_workload"]
 
 
 def available() -> bool:
@@ -124,6 +126,34 @@ def plot_workload(result: dict[str, Any], out: Path) -> list[Path]:
     return [_save(figure, out / "workload-completion.png", plt)]
 
 
+def plot_kernels(result: dict[str, Any], out: Path) -> list[Path]:
+    """The bandwidth figure of a kernel bench's ``kernels.json``; its path."""
+    plt = _pyplot()
+    by_kernel: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for row in result.get("rows", []):
+        lines = by_kernel.setdefault(row["kernel"], {})
+        lines.setdefault(row["implementation"], []).append(
+            (row["n"], row["bytes_per_second"] / 1e9)
+        )
+    if not by_kernel:
+        return []
+    figure, grid = plt.subplots(1, len(by_kernel), figsize=(4 * len(by_kernel), 3.4), squeeze=False)
+    for axes, (kernel, lines) in zip(grid[0], by_kernel.items(), strict=True):
+        for name, points in lines.items():
+            style = "-o" if name.startswith("accy") else "--."
+            axes.plot([n for n, _ in points], [g for _, g in points], style, label=name, ms=3)
+        axes.axhline(result["floor_bytes_per_second"] / 1e9, color="grey", lw=0.8, ls=":")
+        if result.get("peak_bytes_per_second"):
+            axes.axhline(result["peak_bytes_per_second"] / 1e9, color="black", lw=0.8, ls=":")
+        axes.set_xscale("log")
+        axes.set_title(kernel, fontsize=9)
+        axes.set_xlabel("elements", fontsize=8)
+        axes.legend(fontsize=6, loc="upper left")
+    grid[0, 0].set_ylabel("GB/s the kernel must move (dotted: 4 TB/s, peak)", fontsize=8)
+    figure.suptitle(f"Built-in kernels, {result.get('device', '')}", fontsize=9)
+    return [_save(figure, out / "kernels-bandwidth.png", plt)]
+
+
 def _save(figure: Any, path: Path, plt: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
@@ -143,7 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for name in args.results:
         result = json.loads(Path(name).read_text())
-        plot = plot_workload if "completion" in result else plot_bench
+        plot = (
+            plot_workload
+            if "completion" in result
+            else plot_kernels
+            if "rows" in result
+            else plot_bench
+        )
         for path in plot(result, Path(args.out)):
             print(path)
     return 0

@@ -143,6 +143,15 @@ class Backend(BufferOperations, StreamOperations, GraphOperations):
         return 64 * 1024 * 1024
 
     @property
+    def peak_memory_bandwidth(self) -> float | None:
+        """The device memory's theoretical bandwidth in bytes per second; ``None`` if unknown.
+
+        On CUDA: twice the memory clock times the bus width, as the device
+        reports them. The CPU and recording backends do not know theirs.
+        """
+        return None
+
+    @property
     def fault(self) -> DeviceFault | None:
         """The sticky fault that poisoned this backend, if any."""
         return self._health.fault

@@ -1,7 +1,9 @@
 """Built-in kernels and the pipelines over them, each in CUDA C and as a CPU function.
 
-* :func:`prefix_sum`: inclusive prefix sum in three stages (block scan, scan of
-  the block totals, add the block offsets), for any ``n``;
+* :func:`prefix_sum`: inclusive prefix sum, for any ``n``: in one pass with
+  decoupled look-back for 4-byte types (``prefix_sum_f32``, ``prefix_sum_i32``),
+  or in three stages (block scan, scan of the block totals, add the block
+  offsets), the portable reference (``prefix_sum_*_three_stage``);
 * :func:`saxpy`: ``out = a * x + y``;
 * :func:`reduce_sum`: the sum of ``n`` elements in two stages.
 
@@ -19,14 +21,16 @@ from typing import Final
 
 from ..plan import DType, PipelineDocument, decode_json
 from . import cpu
-from .builders import cuda_source, prefix_sum, reduce_sum, saxpy
+from .builders import SINGLE_PASS_DTYPES, ScanMethod, cuda_source, prefix_sum, reduce_sum, saxpy
 from .cpu import SUPPORTED_DTYPES
 from .tuning import DEFAULT_TUNING_N, tuning_document
 
 __all__ = [
     "BUILTIN_PLANS",
     "DEFAULT_TUNING_N",
+    "SINGLE_PASS_DTYPES",
     "SUPPORTED_DTYPES",
+    "ScanMethod",
     "builtin_document",
     "cuda_source",
     "load_builtin",
@@ -39,7 +43,9 @@ __all__ = [
 BUILTIN_PLANS: Final = {
     "prefix_sum_f32": lambda: prefix_sum(DType.F32, 256),
     "prefix_sum_i32": lambda: prefix_sum(DType.I32, 256),
-    "prefix_sum_f32_b64": lambda: prefix_sum(DType.F32, 64),
+    "prefix_sum_f32_three_stage": lambda: prefix_sum(DType.F32, 256, method="three_stage"),
+    "prefix_sum_i32_three_stage": lambda: prefix_sum(DType.I32, 256, method="three_stage"),
+    "prefix_sum_f32_b64": lambda: prefix_sum(DType.F32, 64, method="three_stage"),
     "saxpy_f32": lambda: saxpy(DType.F32),
     "sum_f32": lambda: reduce_sum(DType.F32),
 }

@@ -14,11 +14,17 @@ import numpy as np
 from ..backends.cpu_kernels import CpuLaunchContext, cpu_kernel
 from ..plan import DType
 
-__all__ = ["REDUCE_ITEMS", "SUPPORTED_DTYPES"]
+__all__ = ["REDUCE_ITEMS", "SAXPY_ITEMS", "SCAN_VECTORS", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES: Final = (DType.F32, DType.F64, DType.I32, DType.U32, DType.I64, DType.U64)
-REDUCE_ITEMS: Final = 4
-"""Elements each thread of ``partial_sum`` adds (``ACCY_ITEMS`` in the CUDA source)."""
+REDUCE_ITEMS: Final = 16
+"""Elements each thread of ``partial_sum`` adds by default (``ACCY_ITEMS`` in the CUDA source)."""
+SAXPY_ITEMS: Final = 4
+"""Elements each thread of ``saxpy`` computes by default (``ACCY_ITEMS``)."""
+SCAN_VECTORS: Final = 4
+"""Rows of 4 elements each thread of the single-pass scan holds by default (``ACCY_VECTORS``)."""
+_PREFIX_FLAG: Final = 2 << 32
+"""A tile state's flag for a published inclusive prefix (``ACCY_TILE_PREFIX << 32``)."""
 
 Array = np.ndarray[Any, Any]
 
@@ -60,6 +66,28 @@ def _register(dtype: DType) -> None:
         if full >= 1 and n % tile:
             values[full * tile :] += bases[full - 1]
 
+    @cpu_kernel(f"accy.scan.scan_init.{suffix}")
+    def scan_init(ctx: CpuLaunchContext, states: Array, counter: Array, n: int) -> None:
+        tiles = -(-n // _scan_tile(ctx))
+        states.view(np.uint64)[:tiles] = 0
+        counter.view(np.uint32)[0] = 0
+
+    @cpu_kernel(f"accy.scan.scan_tiles.{suffix}")
+    def scan_tiles(
+        ctx: CpuLaunchContext, out: Array, src: Array, states: Array, counter: Array, n: int
+    ) -> None:
+        # Tile by tile, as the device adds: each tile scanned, then the tiles before it added.
+        tile = _scan_tile(ctx)
+        scanned = np.cumsum(_tiles(src.view(t)[:n], tile, zero), axis=1, dtype=t)
+        prefixes = np.cumsum(scanned[:, -1], dtype=t)
+        scanned[1:] += prefixes[:-1, None]
+        out.view(t)[:n] = scanned.reshape(-1)[:n]
+        # What the device leaves behind: every tile's inclusive prefix published, all taken.
+        if t.itemsize == 4:
+            bits = prefixes.view(np.uint32).astype(np.uint64)
+            states.view(np.uint64)[: prefixes.size] = bits | np.uint64(_PREFIX_FLAG)
+        counter.view(np.uint32)[0] = prefixes.size
+
     @cpu_kernel(f"accy.blas.saxpy.{suffix}")
     def saxpy(ctx: CpuLaunchContext, out: Array, x: Array, y: Array, n: int, a: Any) -> None:
         np.add(t.type(a) * x.view(t)[:n], y.view(t)[:n], out=out.view(t)[:n], dtype=t)
@@ -73,7 +101,12 @@ def _register(dtype: DType) -> None:
     def final_sum(ctx: CpuLaunchContext, out: Array, partials: Array, m: int) -> None:
         out.view(t)[0] = partials.view(t)[:m].sum(dtype=t)
 
-    del block_scan, sums_scan, add_base, saxpy, partial_sum, final_sum
+    del block_scan, sums_scan, add_base, scan_init, scan_tiles, saxpy, partial_sum, final_sum
+
+
+def _scan_tile(ctx: CpuLaunchContext) -> int:
+    """Elements of one single-pass scan tile: threads x rows x 4, as the CUDA source has it."""
+    return ctx.define("ACCY_SCAN_BLOCK", 256) * ctx.define("ACCY_VECTORS", SCAN_VECTORS) * 4
 
 
 for _dtype in SUPPORTED_DTYPES:

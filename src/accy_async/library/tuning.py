@@ -4,10 +4,11 @@ Three kernels with their candidates, in the format the backend loads:
 
 - ``saxpy``: block sizes x elements per thread (``-DACCY_ITEMS``);
 - ``partial_sum`` (the first stage of the sum): block sizes x elements per thread;
-- ``block_scan`` (the first stage of the prefix sum): block sizes, and on CUDA
-  with and without ``--maxrregcount=32``;
+- ``block_scan`` (the first stage of the three-stage prefix sum): block sizes,
+  and on CUDA with and without ``--maxrregcount=32``;
 
-and the whole prefix-sum pipeline over its block sizes.
+and two whole pipelines: the three-stage prefix sum over its block sizes, and
+the single-pass one (for its types) over threads x rows per thread.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import msgspec
 
 from ..plan import (
     ArtifactFormat,
+    ArtifactSpec,
     CeilDiv,
     DerivedLaunch,
     DType,
@@ -31,7 +33,7 @@ from ..plan import (
     TuningDocument,
     scalar,
 )
-from .builders import prefix_sum, reduce_sum, saxpy
+from .builders import SINGLE_PASS_DTYPES, prefix_sum, reduce_sum, saxpy
 
 __all__ = ["BUILTIN_TARGETS", "DEFAULT_TUNING_N", "problem_name", "tuning_document"]
 
@@ -47,12 +49,15 @@ BUILTIN_TARGETS: Final = {
     "prefix_sum_f32": (
         problem_name("block_scan", DType.F32),
         problem_name("prefix_sum", DType.F32),
+        problem_name("prefix_sum_single_pass", DType.F32),
     ),
     "saxpy_f32": (problem_name("saxpy", DType.F32),),
     "sum_f32": (problem_name("partial_sum", DType.F32),),
 }
 """Built-in plan names ``accy-async tune`` takes, and the built-in tuning problems of each."""
 _BLOCKS: Final = (128, 256, 512, 1024)
+_SCAN_THREADS: Final = (128, 256, 512)
+_SCAN_VECTORS: Final = (2, 4, 8)
 
 
 def _entry(document_registry: Iterable[RegistryEntry], entry_name: str) -> RegistryEntry:
@@ -60,6 +65,12 @@ def _entry(document_registry: Iterable[RegistryEntry], entry_name: str) -> Regis
         if entry.entry_name == entry_name:
             return entry
     raise LookupError(entry_name)
+
+
+def _without_items(spec: ArtifactSpec) -> ArtifactSpec:
+    """``spec`` without its default ``-DACCY_ITEMS``: each candidate brings its own."""
+    options = tuple(o for o in spec.compile_options if not o.startswith("-DACCY_ITEMS"))
+    return msgspec.structs.replace(spec, compile_options=options)
 
 
 def _candidates(
@@ -99,21 +110,14 @@ def tuning_document(
 
     saxpy_entry = _entry(entries(saxpy(dtype).registry.entries), "saxpy")
     sum_entry = _entry(entries(reduce_sum(dtype).registry.entries), "partial_sum")
-    scan_entry = _entry(entries(prefix_sum(dtype).registry.entries), "block_scan")
-    # partial_sum's entry carries its default ACCY_ITEMS; candidates bring their own.
-    sum_spec = sum_entry.artifact_spec()
-    sum_spec = msgspec.structs.replace(
-        sum_spec,
-        compile_options=tuple(
-            option for option in sum_spec.compile_options if not option.startswith("-DACCY_ITEMS")
-        ),
-    )
+    three_stage = prefix_sum(dtype, method="three_stage")
+    scan_entry = _entry(entries(three_stage.registry.entries), "block_scan")
     a = scalar("f32" if dtype is DType.F32 else "f64", 2.0)
     kernels = (
         KernelTuningProblem(
             name=problem_name("saxpy", dtype),
-            artifact=saxpy_entry.artifact_spec(),
-            candidates=_candidates(_BLOCKS, (1, 2, 4)),
+            artifact=_without_items(saxpy_entry.artifact_spec()),
+            candidates=_candidates(_BLOCKS, (1, 2, 4, 8, 16)),
             buffers=(
                 TuningBuffer(byte_size=size, dtype=dtype),
                 TuningBuffer(byte_size=size, dtype=dtype, initial="random"),
@@ -123,10 +127,10 @@ def tuning_document(
         ),
         KernelTuningProblem(
             name=problem_name("partial_sum", dtype),
-            artifact=sum_spec,
-            candidates=_candidates(_BLOCKS, (2, 4, 8)),
+            artifact=_without_items(sum_entry.artifact_spec()),
+            candidates=_candidates(_BLOCKS, (4, 8, 16, 32)),
             buffers=(
-                TuningBuffer(byte_size=-(-n // (_BLOCKS[0] * 2)) * dtype.size, dtype=dtype),
+                TuningBuffer(byte_size=-(-n // (_BLOCKS[0] * 4)) * dtype.size, dtype=dtype),
                 TuningBuffer(byte_size=size, dtype=dtype, initial="random"),
             ),
             scalars=(count,),
@@ -145,15 +149,27 @@ def tuning_document(
             scalars=(count,),
         ),
     )
-    pipelines = (
+    pipelines = [
         PipelineTuningProblem(
             name=problem_name("prefix_sum", dtype),
-            candidates=tuple(prefix_sum(dtype, block) for block in _BLOCKS),
+            candidates=tuple(prefix_sum(dtype, block, method="three_stage") for block in _BLOCKS),
             runtime_scalar_arguments=(count,),
         ),
-    )
+    ]
+    if dtype in SINGLE_PASS_DTYPES:
+        pipelines.append(
+            PipelineTuningProblem(
+                name=problem_name("prefix_sum_single_pass", dtype),
+                candidates=tuple(
+                    prefix_sum(dtype, threads, method="single_pass", vectors=rows)
+                    for threads in _SCAN_THREADS
+                    for rows in _SCAN_VECTORS
+                ),
+                runtime_scalar_arguments=(count,),
+            )
+        )
     return TuningDocument(
         kernels=kernels,
-        pipelines=pipelines,
+        pipelines=tuple(pipelines),
         description=f"The built-in kernels over {n} {dtype.value} elements ({format.value}).",
     )

@@ -212,6 +212,24 @@ class CudaBackend(Backend):
         return 2 * self._l2_bytes
 
     @property
+    def peak_memory_bandwidth(self) -> float | None:
+        """Twice the memory clock times the bus width (``None`` if the driver does not say)."""
+        d = driver()
+        attribute = d.CUdevice_attribute
+        try:
+            clock_khz = d.cuDeviceGetAttribute(
+                attribute.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, self._device
+            )
+            bus_bits = d.cuDeviceGetAttribute(
+                attribute.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, self._device
+            )
+        except AttributeError:  # an attribute this cuda-bindings does not name
+            return None
+        if int(clock_khz[0]) or int(bus_bits[0]) or not clock_khz[1] or not bus_bits[1]:
+            return None
+        return 2.0 * int(clock_khz[1]) * 1e3 * int(bus_bits[1]) / 8
+
+    @property
     def formats(self) -> frozenset[ArtifactFormat]:
         """CUDA source, PTX and cubin."""
         return frozenset(

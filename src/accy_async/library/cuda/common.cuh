@@ -54,3 +54,20 @@ __device__ __forceinline__ accy_t accy_block_sum(accy_t value, accy_t* warp_tota
     __syncthreads();
     return value;
 }
+
+// ACCY_T elements as one 16-byte vector: aligned loads and stores of 16 bytes per thread
+// keep enough bytes in flight to reach the memory's bandwidth.
+#define ACCY_PER_VECTOR (16u / (unsigned)sizeof(accy_t))
+// Vectors per thread for ACCY_ITEMS elements per thread (at least 1, so arrays of them compile
+// when ACCY_ITEMS is not a whole number of vectors and the vector path is never taken).
+#define ACCY_ITEM_VECTORS \
+    (ACCY_ITEMS / ACCY_PER_VECTOR > 0 ? ACCY_ITEMS / ACCY_PER_VECTOR : 1u)
+#define ACCY_WHOLE_VECTORS (ACCY_ITEMS % ACCY_PER_VECTOR == 0)
+union accy_vector {
+    uint4 raw;
+    accy_t items[16 / sizeof(accy_t)];
+};
+
+__device__ __forceinline__ bool accy_aligned16(const void* pointer) {
+    return (reinterpret_cast<unsigned long long>(pointer) & 15ull) == 0;
+}
