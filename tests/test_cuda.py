@@ -261,7 +261,7 @@ async def test_the_forecast_learns_a_pipeline_whose_length_follows_its_size(
     """A prefix sum of random sizes, launched and read back as one burst: predicted once seen."""
     document = library.load_builtin("prefix_sum_i32")
     fmt = accy.ArtifactFormat.CUDA_SOURCE
-    top = 20_000_000
+    top = 200_000_000
     x, y = cuda.allocate_buffer(4 * top), cuda.allocate_buffer(4 * top)
     cuda.fill_buffer(x, 1)
     stream = cuda.create_stream()
@@ -274,7 +274,7 @@ async def test_the_forecast_learns_a_pipeline_whose_length_follows_its_size(
         ) as scratch,
     ):
         for index in range(40):
-            n = int(10 ** rng.uniform(6, 7.3))  # 1e6..2e7: the device, not the host, sets it
+            n = int(10 ** rng.uniform(7, 8.3))  # 1e7..2e8: the device, not the host, sets it
             start = time.perf_counter()
             await launch_pipeline(
                 cuda,

@@ -20,8 +20,8 @@ from accy_async.pipeline import (
 
 from .conftest import needs_gpu
 
-SIZES = [1, 63, 64, 65, 4095, 4096, 4097, 32 * 4096, 32 * 4096 + 1, 65 * 4096 + 7, 10**6 + 3]
-"""Around a tile (1,024 or 4,096 elements), a look-back window (32 tiles), and past both."""
+SIZES = [1, 63, 64, 65, 2049, 4096, 8191, 8193, 32 * 8192, 32 * 8192 + 1, 65 * 8192 + 7, 10**6 + 3]
+"""Around the tiles (64 to 8,192 elements), a look-back window (32 tiles), and past both."""
 METHODS: list[library.ScanMethod] = ["single_pass", "three_stage"]
 
 

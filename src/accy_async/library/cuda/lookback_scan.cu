@@ -14,7 +14,7 @@
 // the low half, so a reader sees flag and value together without a fence.
 #include "common.cuh"
 #ifndef ACCY_VECTORS
-#define ACCY_VECTORS 4
+#define ACCY_VECTORS 8
 #endif
 #ifndef ACCY_SCAN_BLOCK
 #define ACCY_SCAN_BLOCK 256  // threads of scan_tiles (its launch's blockDim.x)
