@@ -16,6 +16,12 @@
 #ifndef ACCY_VECTORS
 #define ACCY_VECTORS 8
 #endif
+#ifndef ACCY_STREAMING
+#define ACCY_STREAMING 0  // 1: loads and stores marked streaming (evict first), not kept in L2
+#endif
+#ifndef ACCY_BACKOFF
+#define ACCY_BACKOFF 0  // nanoseconds a look-back lane sleeps between reads of an empty state
+#endif
 #ifndef ACCY_SCAN_BLOCK
 #define ACCY_SCAN_BLOCK 256  // threads of scan_tiles (its launch's blockDim.x)
 #endif
@@ -49,6 +55,22 @@ __device__ __forceinline__ unsigned long long observe(const unsigned long long* 
     return *reinterpret_cast<const volatile unsigned long long*>(state);
 }
 
+__device__ __forceinline__ uint4 load_row(const uint4* row) {
+#if ACCY_STREAMING
+    return __ldcs(row);
+#else
+    return *row;
+#endif
+}
+
+__device__ __forceinline__ void store_row(uint4* row, uint4 value) {
+#if ACCY_STREAMING
+    __stcs(row, value);
+#else
+    *row = value;
+#endif
+}
+
 __device__ __forceinline__ scan_t warp_inclusive_scan(scan_t value, unsigned lane) {
 #pragma unroll
     for (unsigned offset = 1; offset < 32; offset <<= 1) {
@@ -77,7 +99,12 @@ __device__ __forceinline__ scan_t look_back(const unsigned long long* states, un
         const long long index = newest - (long long)lane;
         unsigned long long word = index >= 0 ? observe(states + index) : (ACCY_TILE_PREFIX << 32);
         while (__any_sync(0xffffffffu, (word >> 32) == ACCY_TILE_EMPTY)) {
-            if ((word >> 32) == ACCY_TILE_EMPTY) word = observe(states + index);
+            if ((word >> 32) == ACCY_TILE_EMPTY) {
+#if ACCY_BACKOFF
+                __nanosleep(ACCY_BACKOFF);
+#endif
+                word = observe(states + index);
+            }
         }
         const unsigned prefixes = __ballot_sync(0xffffffffu, (word >> 32) == ACCY_TILE_PREFIX);
         const unsigned last = prefixes ? (unsigned)(__ffs(prefixes) - 1) : 31u;
@@ -124,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(ACCY_SCAN_BLOCK)
         const uint4* in4 = reinterpret_cast<const uint4*>(in + base);
 #pragma unroll
         for (unsigned k = 0; k < ACCY_VECTORS; ++k) {
-            const uint4 v = in4[k * ACCY_SCAN_BLOCK + threadIdx.x];
+            const uint4 v = load_row(in4 + k * ACCY_SCAN_BLOCK + threadIdx.x);
             items[k][0] = from_bits(v.x);
             items[k][1] = from_bits(v.y);
             items[k][2] = from_bits(v.z);
@@ -197,9 +224,9 @@ extern "C" __global__ void __launch_bounds__(ACCY_SCAN_BLOCK)
         uint4* out4 = reinterpret_cast<uint4*>(out + base);
 #pragma unroll
         for (unsigned k = 0; k < ACCY_VECTORS; ++k) {
-            out4[k * ACCY_SCAN_BLOCK + threadIdx.x] =
-                make_uint4(accy_to_bits(items[k][0]), accy_to_bits(items[k][1]),
-                           accy_to_bits(items[k][2]), accy_to_bits(items[k][3]));
+            store_row(out4 + k * ACCY_SCAN_BLOCK + threadIdx.x,
+                      make_uint4(accy_to_bits(items[k][0]), accy_to_bits(items[k][1]),
+                                 accy_to_bits(items[k][2]), accy_to_bits(items[k][3])));
         }
     } else {
 #pragma unroll
