@@ -20,8 +20,10 @@ from accy_async.pipeline import (
 
 from .conftest import needs_gpu
 
-SIZES = [1, 63, 64, 65, 2049, 4096, 8191, 8193, 32 * 8192, 32 * 8192 + 1, 65 * 8192 + 7, 10**6 + 3]
-"""Around the tiles (64 to 8,192 elements), a look-back window (32 tiles), and past both."""
+TILE = 256 * 12 * 4
+SIZES = [1, 63, 64, 65, 3073, 4096, TILE - 1, TILE + 1, 32 * TILE, 32 * TILE + 1, 65 * TILE + 7]
+SIZES += [10**6 + 3]
+"""Around the tiles (64 to 12,288 elements), a look-back window (32 tiles), and past both."""
 METHODS: list[library.ScanMethod] = ["single_pass", "three_stage"]
 
 

@@ -21,7 +21,7 @@ REDUCE_ITEMS: Final = 16
 """Elements each thread of ``partial_sum`` adds by default (``ACCY_ITEMS`` in the CUDA source)."""
 SAXPY_ITEMS: Final = 4
 """Elements each thread of ``saxpy`` computes by default (``ACCY_ITEMS``)."""
-SCAN_VECTORS: Final = 8
+SCAN_VECTORS: Final = 12
 """Rows of 4 elements each thread of the single-pass scan holds by default (``ACCY_VECTORS``)."""
 _PREFIX_FLAG: Final = 2 << 32
 """A tile state's flag for a published inclusive prefix (``ACCY_TILE_PREFIX << 32``)."""

@@ -57,7 +57,7 @@ BUILTIN_TARGETS: Final = {
 """Built-in plan names ``accy-async tune`` takes, and the built-in tuning problems of each."""
 _BLOCKS: Final = (128, 256, 512, 1024)
 _SCAN_THREADS: Final = (128, 256, 512)
-_SCAN_VECTORS: Final = (2, 4, 8)
+_SCAN_VECTORS: Final = (4, 8, 12, 16)
 
 
 def _entry(document_registry: Iterable[RegistryEntry], entry_name: str) -> RegistryEntry:

@@ -14,10 +14,10 @@
 // the low half, so a reader sees flag and value together without a fence.
 #include "common.cuh"
 #ifndef ACCY_VECTORS
-#define ACCY_VECTORS 8
+#define ACCY_VECTORS 12
 #endif
 #ifndef ACCY_STREAMING
-#define ACCY_STREAMING 0  // 1: loads and stores marked streaming (evict first), not kept in L2
+#define ACCY_STREAMING 1  // loads and stores marked streaming (evict first from L2): 0 turns it off
 #endif
 #ifndef ACCY_BACKOFF
 #define ACCY_BACKOFF 0  // nanoseconds a look-back lane sleeps between reads of an empty state
