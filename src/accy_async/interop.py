@@ -6,12 +6,16 @@ device arrays): its address, element type and count, and the stream its
 producer queues work on, which a consumer must order itself after on the
 device. PyTorch does not put that stream in the interface (it exports
 version 2), so for a tensor it is PyTorch's current stream on the tensor's
-device.
+device. PyTorch tensors are read through their own attributes, not the
+interface (building its dictionary costs more than the rest of a call's
+checks together).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -63,6 +67,9 @@ def device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
     contiguous, or whose interface cannot be read (a tensor that requires
     grad, say).
     """
+    torch = sys.modules.get("torch")  # a tensor's class is loaded, so torch is imported
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cuda:
+        return _torch_device_array(torch, obj, what, path)
     try:
         interface = obj.__cuda_array_interface__
     except AttributeError:
@@ -87,6 +94,56 @@ def device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
         readonly=bool(readonly),
         stream=_producer_stream(obj, interface),
     )
+
+
+def _torch_device_array(torch: Any, tensor: Any, what: str, path: str) -> DeviceArray:
+    """A CUDA tensor as a :class:`DeviceArray`, from its attributes (what its interface says)."""
+    if tensor.requires_grad:
+        raise LaunchArgumentMismatch(
+            f"{what} requires grad; pass tensor.detach() if its gradient is not needed",
+            path=path,
+        )
+    if tensor.dim() != 1:
+        raise LaunchArgumentMismatch(
+            f"{what} has shape {tuple(tensor.shape)}, the plan takes a 1-D array", path=path
+        )
+    if not tensor.is_contiguous():
+        raise LaunchArgumentMismatch(f"{what} is not contiguous", path=path)
+    dtype = _torch_dtypes(torch).get(tensor.dtype)
+    if dtype is None:
+        raise LaunchArgumentMismatch(
+            f"{what} holds {tensor.dtype}, which NumPy has no type for", path=path
+        )
+    return DeviceArray(
+        owner=tensor,
+        address=tensor.data_ptr(),
+        dtype=dtype,
+        size=tensor.numel(),
+        readonly=False,
+        stream=_torch_current_stream(torch, tensor.get_device()),
+    )
+
+
+@cache
+def _torch_dtypes(torch: Any) -> dict[Any, np.dtype[Any]]:
+    """PyTorch's element types and NumPy's, both ways round (from PyTorch's own table)."""
+    names = (
+        "float16", "float32", "float64", "bool",
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    )  # fmt: skip
+    table = {}
+    for name in names:
+        if hasattr(torch, name):
+            table[getattr(torch, name)] = np.dtype(name)
+    return table
+
+
+def _torch_current_stream(torch: Any, device: int) -> int:
+    """PyTorch's current stream on ``device``, as a raw handle."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch.cuda uses inside
+    if raw is not None:
+        return int(raw(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
 def _dlpack_device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
@@ -144,7 +201,7 @@ def _producer_stream(obj: Any, interface: dict[str, Any]) -> int | None:
     if _library(obj) == "torch":
         import torch
 
-        return int(torch.cuda.current_stream(obj.device).cuda_stream)
+        return _torch_current_stream(torch, obj.get_device())
     stream = interface.get("stream")
     return None if stream is None else int(stream)
 
@@ -166,7 +223,7 @@ def empty_like(
     if library == "torch":
         import torch
 
-        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+        torch_dtype = next(t for t, n in _torch_dtypes(torch).items() if n == dtype)
         if stream is None:
             return torch.empty(count, dtype=torch_dtype, device=owner.device)
         with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=owner.device)):

@@ -14,9 +14,9 @@ scan, 4 for a sum, 12 for saxpy) at 4 TB/s and at the device's own peak.
 
 Every call is enqueued behind a ~1 ms sleeping kernel, so the events time
 the device, not the host's launch (an accy-async call with PyTorch tensors
-takes about 100 µs of host time on the H200's host: see issue 15). Each call runs once untimed first (it
-compiles and warms the caches), and each accy-async result is compared with
-PyTorch's (exactly for integers). Arrays of up to 1e6 elements fit the H200's
+takes 70-100 µs of host time on the H200's host). Each call runs once
+untimed first (it compiles and warms the caches), and each accy-async result
+is compared with a float64 or int64 reference. Arrays of up to 1e6 elements fit the H200's
 50 MB L2 cache, so times there are latency and cache, not memory bandwidth.
 Needs PyTorch on a CUDA device; CuPy's rows appear where it is installed.
 """
@@ -233,7 +233,8 @@ def markdown(result: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         "",
         "Median device time of one call in ms (CUDA events on one stream, each call behind a "
-        "~1 ms sleeping kernel, so no host time is counted). GB/s and the share of 4 TB/s count the bytes the kernel must move"
+        "~1 ms sleeping kernel, so no host time is counted). GB/s and the share of 4 TB/s "
+        "count the bytes the kernel must move"
         f"{reported}. Up to 1e6 elements the arrays fit the L2 cache. 'x torch' is the first "
         "column's time over PyTorch's; 'checked': its result against a float64 or int64 "
         "reference.",
