@@ -10,7 +10,10 @@ Open the JSON in https://ui.perfetto.dev (or ``chrome://tracing``): the host
 process has a track per task (its enqueues and waits), the device process a
 track per stream (what ran there, when), and an arrow joins each enqueue to
 its run. On the CPU backend the device's times are its stream workers'
-(the host's clock); on CUDA this version records the host's side only.
+(the host's clock); on CUDA, timing events recorded on the stream before and
+after each operation, placed on the host's clock through one reference event
+(good to a few microseconds) and read when the trace is exported: export
+after awaiting the work, and before closing the backend.
 """
 
 from __future__ import annotations

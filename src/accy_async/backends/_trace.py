@@ -5,8 +5,10 @@ sets and clears it); every traced call checks one attribute when tracing is
 off. When on, each launch, copy, fill, read and graph launch becomes a
 :class:`TraceRecord`: the calling task, the host's enqueue span, the stream,
 and the device's start and end where the backend can tell (the CPU backend's
-stream worker stamps them on its own clock, which is the host's; the
-recording backend, which runs nothing, takes its enqueue times). Waits record
+stream worker stamps them on its own clock, which is the host's; CUDA records
+a timing event on the stream before and after the work, resolved when the
+trace is exported; the recording backend, which runs nothing, takes its
+enqueue times). Waits record
 when the task began waiting and when it resumed.
 
 :meth:`Tracer.chrome_trace` exports the Chrome trace-event format that Perfetto
@@ -24,6 +26,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -95,6 +98,8 @@ class Tracer:
         """Each task seen, by the number records carry (0: outside any task)."""
         self._tasks: list[object] = []
         """The tasks seen, kept while tracing: no other task can take one's number."""
+        self._resolvers: list[Callable[[], None]] = []
+        """Called before an export: backends whose device times arrive late fill them in."""
         self._nvtx: Any = None
         if nvtx or nvtx_module is not None:
             self._nvtx = nvtx_module if nvtx_module is not None else _import_nvtx()
@@ -121,6 +126,11 @@ class Tracer:
         if record.nvtx_range is not None:
             self._nvtx.end_range(record.nvtx_range)
             record.nvtx_range = None
+
+    def add_resolver(self, resolve: Callable[[], None]) -> None:
+        """Have ``resolve()`` run before each export (once, however often it is added)."""
+        if resolve not in self._resolvers:
+            self._resolvers.append(resolve)
 
     @staticmethod
     def stamp(record: TraceRecord, end: bool) -> None:
@@ -152,7 +162,13 @@ class Tracer:
     # ----- export ----------------------------------------------------------------------------
 
     def chrome_trace(self) -> dict[str, Any]:
-        """The records as a Chrome trace-event document (see the module docstring)."""
+        """The records as a Chrome trace-event document (see the module docstring).
+
+        Device times that have arrived since the last export are filled in first
+        (on CUDA: the timing events of work that has completed).
+        """
+        for resolve in self._resolvers:
+            resolve()
         records = list(self.records)
         origin = min((r.enqueue_start_ns for r in records), default=0)
 

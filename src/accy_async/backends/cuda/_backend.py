@@ -55,6 +55,7 @@ from .._handles import (
 from .._launch_config import LaunchConfig
 from .._launcher import StageLauncher
 from .._marks import PendingRead, StreamMark
+from .._trace import TraceRecord
 from ..base import Backend
 from ..forecast import Anticipation, byte_features
 from ._artifacts import create_artifact, load_kernel
@@ -405,6 +406,13 @@ class CudaBackend(Backend):
         milliseconds = self._results.value(elapsed_time(start.native, end.native), "timing events")
         return float(milliseconds) / 1000.0
 
+    def _trace_stamp(self, stream: StreamHandle, record: TraceRecord, end: bool) -> None:
+        """A timing event on ``stream``: the device's time when it reaches this point."""
+        clock = self._device_state.trace_clock
+        clock.stamp(stream.native, record, end)
+        if self.tracer is not None:
+            self.tracer.add_resolver(clock.resolve)
+
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         self._device_state.record(event, stream)
 
@@ -591,6 +599,7 @@ class CudaBackend(Backend):
                 stacklevel=3,
             )
         self._device_state.staging.release_all()
+        self._device_state.trace_clock.close()
         d.cuStreamDestroy(self._default_native)
         self._device_state.destroy_markers()
         d.cuDevicePrimaryCtxRelease(self._device)

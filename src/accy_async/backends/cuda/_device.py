@@ -20,6 +20,7 @@ from .._completion import Completion
 from .._handles import EventHandle, StreamHandle
 from ..forecast import Forecast, Ledger
 from ._memory import Janitor, Staging
+from ._trace_clock import TraceClock
 from .driver import driver, translate
 from .reactor import CompletionReactor
 
@@ -109,6 +110,7 @@ class DeviceState(DriverResults):
         "records",
         "staging",
         "success",
+        "trace_clock",
     )
 
     def __init__(
@@ -139,6 +141,8 @@ class DeviceState(DriverResults):
         self.reactor = CompletionReactor(context, poison, poll_interval=poll_interval)
         self._markers: list[Any] = []
         self._markers_lock = threading.Lock()
+        self.trace_clock = TraceClock(self.check)
+        """Device times of traced work (idle, holding nothing, until something is traced)."""
 
     # ----- ledgers and records -------------------------------------------------------------
 

@@ -184,7 +184,7 @@ class CudaStageLauncher(StageLauncher):
             stream = self._default_stream
         gx, gy, gz, bx, by, bz, shared = config.dims  # read before anything is enqueued
         tracer = self.backend.tracer if traced else None
-        record = (  # the host's span only: no device times on CUDA yet
+        record = (
             None
             if tracer is None
             else tracer.begin("launch", self._name, stream.id, {"config": config})
@@ -194,6 +194,9 @@ class CudaStageLauncher(StageLauncher):
             if wait_events:
                 for event in wait_events:
                     device.wait(stream, event)
+            if record is not None:  # after the waits: the device span is the kernel's own
+                device.trace_clock.stamp(stream.native, record, False)
+                tracer.add_resolver(device.trace_clock.resolve)  # type: ignore[union-attr]
             kernel = self._kernel
             (result,) = self._launch(
                 kernel.function, gx, gy, gz, bx, by, bz, shared, stream.native, prepared[0], 0
@@ -201,6 +204,8 @@ class CudaStageLauncher(StageLauncher):
             if result:
                 device.fail(result, f"launching {self._name}")
             device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))
+            if record is not None:
+                device.trace_clock.stamp(stream.native, record, True)
             if signal_event is not None:
                 device.record(signal_event, stream)
         finally:

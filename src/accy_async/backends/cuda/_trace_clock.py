@@ -1,0 +1,117 @@
+"""Device times for traces on CUDA: a timing event before and after each traced operation.
+
+A traced launch (or copy, fill, read) records a timing event on its stream
+before and after it; the event completes when the stream reaches it, so the
+pair brackets the work on the device. The times become the host's clock
+through one reference: an event recorded on a stream of the clock's own,
+which is idle, and waited for at once (the only time tracing blocks, for a
+few microseconds, on the first stamp). An event's host time is then the
+reference's plus ``cuEventElapsedTime(reference, event)`` (resolution about
+half a microsecond).
+
+Stamps are resolved when the trace is exported (:meth:`Tracer.chrome_trace`
+calls :meth:`TraceClock.resolve`): a completed event gives its record its
+device time and goes back to the pool; one not yet completed stays pending
+and its record shows the host's side only. Every event is destroyed once,
+when the backend closes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._trace import TraceRecord
+from .driver import driver
+
+__all__ = ["TraceClock"]
+
+
+class TraceClock:
+    """Timing events that give traced records their device times; see the module docstring.
+
+    Used from the event loop's thread only (stamps and exports both run there).
+    """
+
+    __slots__ = ("_check", "_free", "_pending", "_reference", "_stream")
+
+    def __init__(self, check: Any) -> None:
+        self._check = check
+        """The backend's driver-result check (raises, poisoning the backend on a fault)."""
+        self._free: list[Any] = []
+        self._pending: list[tuple[Any, TraceRecord, bool]] = []
+        self._reference: tuple[Any, int] | None = None
+        self._stream: Any = None
+
+    def stamp(self, stream: Any, record: TraceRecord, end: bool) -> None:
+        """Record an event on ``stream`` (a raw stream) for ``record``'s device start or end."""
+        if self._reference is None:
+            self._reference = self._take_reference()
+        event = self._free.pop() if self._free else self._new_event()
+        self._check(driver().cuEventRecord(event, stream), "recording a trace event")
+        self._pending.append((event, record, end))
+
+    def resolve(self) -> None:
+        """Give each completed stamp's record its device time (nanoseconds, host clock)."""
+        if self._reference is None or not self._pending:
+            return
+        d = driver()
+        reference, reference_ns = self._reference
+        still = []
+        for event, record, end in self._pending:
+            if int(d.cuEventQuery(event)[0]):  # not reached yet (or failed): host side only
+                still.append((event, record, end))
+                continue
+            result, milliseconds = d.cuEventElapsedTime(reference, event)
+            self._free.append(event)
+            if int(result):
+                continue
+            at = reference_ns + round(milliseconds * 1e6)
+            if end:
+                record.device_end_ns = at
+            else:
+                record.device_start_ns = at
+        self._pending = still
+
+    def close(self) -> None:
+        """Destroy every event and the clock's stream (the backend is closing)."""
+        d = driver()
+        events = [*self._free, *(event for event, _, _ in self._pending)]
+        if self._reference is not None:
+            events.append(self._reference[0])
+        self._free, self._pending, self._reference = [], [], None
+        for event in events:
+            d.cuEventDestroy(event)
+        if self._stream is not None:
+            d.cuStreamDestroy(self._stream)
+            self._stream = None
+
+    def _new_event(self) -> Any:
+        result, event = driver().cuEventCreate(0)  # CU_EVENT_DEFAULT: timing enabled
+        self._check(result, "creating a trace event")
+        return event
+
+    def _take_reference(self) -> tuple[Any, int]:
+        """An event the device reached at a known host time: recorded on an idle stream.
+
+        The host time is the middle of the tightest of three record-and-wait
+        windows (each a few microseconds).
+        """
+        d = driver()
+        if self._stream is None:
+            result, stream = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
+            self._check(result, "creating the trace clock's stream")
+            self._stream = stream
+        best: tuple[int, Any, int] | None = None  # (window, event, host time)
+        for _ in range(3):
+            event = self._new_event()
+            self._free.append(event)  # the pool's from now on: destroyed at close
+            before = time.perf_counter_ns()
+            self._check(d.cuEventRecord(event, self._stream), "recording the trace reference")
+            self._check(d.cuEventSynchronize(event), "waiting for the trace reference")
+            after = time.perf_counter_ns()
+            if best is None or after - before < best[0]:
+                best = (after - before, event, (before + after) // 2)
+        assert best is not None
+        self._free.remove(best[1])
+        return (best[1], best[2])
