@@ -28,6 +28,23 @@ def test_demo_prints_a_verified_prefix_sum(capsys: pytest.CaptureFixture[str]) -
     assert report["elements_per_second"] > 0
 
 
+def test_demo_reports_its_bandwidth_and_traces_its_last_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "demo.json"
+    arguments = ["demo", "--backend", "cpu", "-n", "20000", "--repeat", "2", "--quiet"]
+    assert main([*arguments, "--json", "--trace", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gigabytes_per_second"] == pytest.approx(8 * 20_000 / report["best_ms"] / 1e6)
+    assert report["device_peak_gigabytes_per_second"] is None  # the CPU does not say
+    events = json.loads(path.read_text())["traceEvents"]
+    ran = [e["name"] for e in events if e["ph"] == "X" and e["pid"] == 2]
+    # the same request relaunched: one device graph of the scan's two stages each time
+    assert ran and all(name.startswith("graph") and "of 2 nodes" in name for name in ran)
+    assert main([*arguments]) == 0
+    assert "GB/s" in capsys.readouterr().out
+
+
 def test_demo_text_names_backend_size_time_and_throughput(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -22,7 +22,7 @@ import pytest
 import accy_async as accy
 from accy_async import library
 from accy_async import plan as p
-from accy_async.backends import GraphNode, Tracer
+from accy_async.backends import BackendKind, GraphNode, Tracer
 from accy_async.pipeline import (
     PipelineLaunch,
     allocate_pipeline_intermediates,
@@ -88,7 +88,7 @@ def _by_kind(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     ],
 )
 async def test_a_trace_has_its_tracks_flows_and_spans_in_order(
-    tmp_path: Path, kind: str, slack_us: float
+    tmp_path: Path, kind: BackendKind, slack_us: float
 ) -> None:
     async with accy.open_backend(kind) as backend:
         with accy.trace(backend) as tracer:

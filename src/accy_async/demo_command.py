@@ -12,11 +12,13 @@ the wake-up's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from typing import Any
 
+import anyio
 import numpy as np
 
 from . import library
@@ -31,6 +33,7 @@ from .pipeline import (
     load_pipeline_artifacts,
 )
 from .plan import ScalarArgument, scalar
+from .tracing import trace
 from .waiting import wait_stream
 
 __all__ = ["add_demo_parser", "demo"]
@@ -55,6 +58,11 @@ def add_demo_parser(commands: Any) -> None:
     )
     command.add_argument("--seed", type=int, default=0, help="seed of the random input")
     command.add_argument("--json", action="store_true", help="print one JSON object")
+    command.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="write the last timed batch as a Chrome trace (open it in https://ui.perfetto.dev)",
+    )
     command.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -96,11 +104,16 @@ async def demo(args: argparse.Namespace) -> int:
             batch = min(_MAX_BATCH, max(1, round(_BATCH_SECONDS / (time.perf_counter() - start))))
             times = []
             for repeat in range(args.repeat):
-                start = time.perf_counter()
-                for _ in range(batch):
-                    await launch_pipeline(backend, request)
-                await wait_stream(backend)
-                times.append((time.perf_counter() - start) / batch)
+                traced = args.trace is not None and repeat == args.repeat - 1
+                with trace(backend) if traced else contextlib.nullcontext() as tracer:
+                    start = time.perf_counter()
+                    for _ in range(batch):
+                        await launch_pipeline(backend, request)
+                    await wait_stream(backend)
+                    times.append((time.perf_counter() - start) / batch)
+                if tracer is not None:  # the work is done: its device times are in
+                    await anyio.to_thread.run_sync(tracer.write, args.trace)
+                    progress.step(f"trace of the last batch: {args.trace}")
                 scans = f"{batch} scans" if batch > 1 else "1 scan"
                 progress.step(
                     f"run {repeat + 1}/{args.repeat}: {scans}, {times[-1] * 1e3:.3f} ms each"
