@@ -39,21 +39,27 @@ async def test_ten_thousand_concurrent_waits_keep_the_loop_free(
     so the heap built before the burst is frozen (``gc.freeze``), as a
     latency-sensitive service would do after start-up. The heartbeat then
     measures the waiting path alone: 10,000 completions crossing threads and
-    resuming their tasks. Typical worst lags are 1-5 ms on a 2-core machine;
-    a shared CI machine can stall a process for longer now and then, so the
-    scenario runs up to three times and one clean run is required (every run
-    must complete all 10,000 waits).
+    resuming their tasks. Typical worst lags are 1-5 ms on a 2-core machine.
+    A loaded machine (CI's, shared; or two suites at once) stretches both the
+    burst (about 300 ms here) and the lags, so the bound is also relative: the
+    worst lag must be under 10 ms or under a tenth of the burst; completions
+    resumed all in one loop pass would stall it for nearly the whole burst. The
+    scenario runs
+    up to three times and one clean run is required (every run must complete
+    all 10,000 waits).
     """
-    lags = []
+    runs = []
     for _ in range(3):
-        lags.append(await _ten_thousand_waits(cpu_backend))
-        if lags[-1] < 0.010:
+        runs.append(await _ten_thousand_waits(cpu_backend))
+        lag, burst = runs[-1]
+        if lag < max(0.010, burst / 10):
             break
-    assert min(lags) < 0.010, f"worst heartbeat lags {[round(lag * 1e3, 1) for lag in lags]} ms"
+    described = [f"{lag * 1e3:.1f} ms of a {burst * 1e3:.0f} ms burst" for lag, burst in runs]
+    assert any(lag < max(0.010, burst / 10) for lag, burst in runs), f"worst lags: {described}"
 
 
-async def _ten_thousand_waits(backend: accy.CpuBackend) -> float:
-    """Run the burst once; return the heartbeat's worst lag in seconds."""
+async def _ten_thousand_waits(backend: accy.CpuBackend) -> tuple[float, float]:
+    """Run the burst once; the heartbeat's worst lag and the burst's length, in seconds."""
     gate = await load(backend, "gate")
     buffer = backend.allocate_buffer(64)
     streams = [backend.create_stream() for _ in range(4)]
@@ -88,8 +94,10 @@ async def _ten_thousand_waits(backend: accy.CpuBackend) -> float:
                 async with anyio.create_task_group() as beat:
                     await beat.start(heartbeat.run)
                     await anyio.sleep(0.02)
+                    opened = time.perf_counter()
                     GATE.set()
                     await all_completed.wait()
+                    burst = time.perf_counter() - opened
                     beat.cancel_scope.cancel()
     finally:
         GATE.set()
@@ -98,7 +106,7 @@ async def _ten_thousand_waits(backend: accy.CpuBackend) -> float:
     assert heartbeat.ticks > 10
     await accy.synchronize(backend)
     backend.destroy_all([gate, buffer, *streams, *events])
-    return heartbeat.worst
+    return heartbeat.worst, burst
 
 
 async def test_a_cancelled_wait_withdraws_its_callback() -> None:
