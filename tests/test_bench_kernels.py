@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from accy_bench import kernels, plots
 
+from .fresh_imports import modules_loaded
+
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results"
 
 
 def test_importing_the_kernel_bench_loads_neither_torch_nor_cuda() -> None:
-    code = (
-        "import sys, accy_async\n"
-        "before = set(sys.modules)\n"
-        "import accy_bench.kernels\n"
-        "print(sorted(m for m in set(sys.modules) - before\n"
-        "             if m.split('.')[0] in ('cuda', 'torch', 'cupy')))\n"
-    )
-    found = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert found.strip() == "[]"
+    libraries = ["cuda", "torch", "cupy"]
+    assert modules_loaded(["accy_bench.kernels"], libraries, already=["accy_async"]) == []
 
 
 def test_the_report_has_a_table_per_kernel_and_every_result_checked() -> None:

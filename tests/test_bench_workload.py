@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import random
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -28,18 +27,11 @@ from accy_bench.service import (
 from accy_bench.stats import ClockLine, Samples, failure, log_uniform, percentile
 from accy_bench.workload import parse_args, parse_size_range
 
+from .fresh_imports import modules_loaded
+
 
 def test_importing_the_benchmark_loads_no_cuda() -> None:
-    code = (
-        "import sys, accy_async\n"
-        "before = set(sys.modules)\n"
-        "import accy_bench.workload\n"
-        "print(sorted(m for m in set(sys.modules) - before if m.startswith('cuda')))\n"
-    )
-    found = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert found.strip() == "[]"
+    assert modules_loaded(["accy_bench.workload"], ["cuda"], already=["accy_async"]) == []
 
 
 @pytest.mark.parametrize(

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ast
 import importlib
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from .fresh_imports import modules_loaded
 
 SOURCE = Path(__file__).parent.parent / "src"
 
@@ -248,13 +248,4 @@ def test_importing_all_of_accy_async_loads_no_benchmark() -> None:
         for path in PATHS
         if path.stem not in ("__main__", "nvrtc_worker")  # scripts, run as processes
     ]
-    code = (
-        "import importlib, sys\n"
-        f"for name in {modules!r}:\n"
-        "    importlib.import_module(name)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'accy_bench'))\n"
-    )
-    found = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert found.strip() == "[]"
+    assert modules_loaded(modules, ["accy_bench"]) == []

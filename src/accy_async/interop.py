@@ -126,7 +126,7 @@ def _torch_device_array(torch: Any, tensor: Any, what: str, path: str) -> Device
 
 @cache
 def _torch_dtypes(torch: Any) -> dict[Any, np.dtype[Any]]:
-    """PyTorch's element types and NumPy's, both ways round (from PyTorch's own table)."""
+    """PyTorch's element types that NumPy has too, and NumPy's for each."""
     names = (
         "float16", "float32", "float64", "bool",
         "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -136,6 +136,12 @@ def _torch_dtypes(torch: Any) -> dict[Any, np.dtype[Any]]:
         if hasattr(torch, name):
             table[getattr(torch, name)] = np.dtype(name)
     return table
+
+
+@cache
+def _torch_dtype_of(torch: Any, dtype: np.dtype[Any]) -> Any:
+    """PyTorch's element type for NumPy's ``dtype`` (the other way round from ``_torch_dtypes``)."""
+    return next(theirs for theirs, ours in _torch_dtypes(torch).items() if ours == dtype)
 
 
 def _torch_current_stream(torch: Any, device: int) -> int:
@@ -223,7 +229,7 @@ def empty_like(
     if library == "torch":
         import torch
 
-        torch_dtype = next(t for t, n in _torch_dtypes(torch).items() if n == dtype)
+        torch_dtype = _torch_dtype_of(torch, dtype)
         if stream is None:
             return torch.empty(count, dtype=torch_dtype, device=owner.device)
         with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=owner.device)):

@@ -22,7 +22,6 @@ offset), so the latencies include no launch time.
 
 import argparse
 import gc
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -151,14 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--libraries", nargs="+", default=["asyncio", "uvloop", "trio"])
     args = parser.parse_args(arguments)
     result = run_benchmarks(args.repeat, args.trials_short, args.trials_long, tuple(args.libraries))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "bench.md").write_text(markdown(result))
-    print(markdown(result))
     from . import plots  # here: `python -m accy_bench.plots` imports this package first
 
-    if plots.available():
-        for path in plots.plot_bench(result, out):
-            print(f"figure: {path}")
+    plots.write_with_figures(result, markdown(result), Path(args.out), "bench", plots.plot_bench)
     return 0

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
-import json
 import statistics
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -284,14 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     result = anyio.run(run_kernels, tuple(int(n) for n in args.sizes))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kernels.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "kernels.md").write_text(markdown(result))
-    print(markdown(result))
     from . import plots
 
-    if plots.available():
-        for path in plots.plot_kernels(result, out):
-            print(f"figure: {path}")
+    plots.write_with_figures(
+        result, markdown(result), Path(args.out), "kernels", plots.plot_kernels
+    )
     return 0

@@ -22,10 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["available", "main", "plot_bench", "plot_kernels", "plot_workload"]
+__all__ = [
+    "available",
+    "main",
+    "plot_bench",
+    "plot_kernels",
+    "plot_workload",
+    "write_with_figures",
+]
 
 
 def available() -> bool:
@@ -35,6 +43,26 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def write_with_figures(
+    result: dict[str, Any],
+    text: str,
+    out: Path,
+    stem: str,
+    plot: Callable[[dict[str, Any], Path], list[Path]],
+) -> None:
+    """Write ``stem.json`` and ``stem.md`` (``text``) to ``out``, print the text, draw ``plot``.
+
+    The figures only where matplotlib is installed; each one's path is printed.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    print(text)
+    if available():
+        for path in plot(result, out):
+            print(f"figure: {path}")
 
 
 def _pyplot() -> Any:

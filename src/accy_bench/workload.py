@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -168,15 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         varied=arguments.varied,
         tasks=arguments.tasks,
     )
-    out: Path = arguments.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "workload.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = markdown(result)
-    (out / "workload.md").write_text(text)
-    if plots.available():
-        for path in plots.plot_workload(result, out):
-            print(f"figure: {path}")
-    print(text)
+    plots.write_with_figures(
+        result, markdown(result), arguments.out, "workload", plots.plot_workload
+    )
     return 0
 
 

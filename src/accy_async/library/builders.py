@@ -157,16 +157,18 @@ def prefix_sum(
     return _three_stage_scan(dtype, block)
 
 
-def _scan_document(
+def _one_operand_document(
+    target: str,
     dtype: DType,
-    suffix: str,
     registry: KernelCallRegistry,
     intermediates: tuple[PipelineIntermediate, ...],
     stages: tuple[PipelineStage, ...],
     description: str,
+    result: PipelineBuffer,
 ) -> PipelineDocument:
+    """A pipeline of one operand ``x`` of ``n`` elements (the u32 scalar ``n``) and one result."""
     pipeline = KernelCallPipeline(
-        target=f"accy.scan.inclusive_sum.{suffix}",
+        target=target,
         version=1,
         operand_count=1,
         result_count=1,
@@ -181,7 +183,7 @@ def _scan_document(
         registry=registry,
         description=description,
         operands=(_vector("x", dtype),),
-        results=(_vector("y", dtype),),
+        results=(result,),
         runtime_scalar_names=("n",),
     )
 
@@ -232,9 +234,9 @@ def _single_pass_scan(dtype: DType, block: int, vectors: int) -> PipelineDocumen
     )
     registry = _scan_registry("lookback_scan", dtype, suffix, stages, defines)
     n: tuple[ScalarDerivation, ...] = (Forward(argument_index=0),)
-    return _scan_document(
+    return _one_operand_document(
+        f"accy.scan.inclusive_sum.{suffix}",
         dtype,
-        suffix,
         registry,
         intermediates=(
             PipelineIntermediate(dtype=DType.U64, extent=tiles),  # one state per tile
@@ -258,6 +260,7 @@ def _single_pass_scan(dtype: DType, block: int, vectors: int) -> PipelineDocumen
             f"Inclusive prefix sum of n {dtype.value} elements in one pass "
             f"(decoupled look-back, tiles of {tile})."
         ),
+        result=_vector("y", dtype),
     )
 
 
@@ -271,9 +274,9 @@ def _three_stage_scan(dtype: DType, block: int) -> PipelineDocument:
     )
     registry = _scan_registry("scan", dtype, suffix, stages)
     stage_scalars: tuple[ScalarDerivation, ...] = (Forward(argument_index=0),)
-    return _scan_document(
+    return _one_operand_document(
+        f"accy.scan.inclusive_sum.{suffix}",
         dtype,
-        suffix,
         registry,
         intermediates=(
             PipelineIntermediate(dtype=dtype, extent=tiles),
@@ -300,6 +303,7 @@ def _three_stage_scan(dtype: DType, block: int) -> PipelineDocument:
             ),
         ),
         description=f"Inclusive prefix sum of n {dtype.value} elements, tiles of {block}.",
+        result=_vector("y", dtype),
     )
 
 
@@ -396,14 +400,10 @@ def reduce_sum(
             ),
         )
     )
-    pipeline = KernelCallPipeline(
-        target=f"accy.reduce.sum.{suffix}",
-        version=1,
-        operand_count=1,
-        result_count=1,
-        runtime_scalar_argument_count=1,
-        runtime_scalar_types=("u32",),
-        runtime_scalar_bounds=(_N_BOUND,),
+    return _one_operand_document(
+        f"accy.reduce.sum.{suffix}",
+        dtype,
+        registry,
         intermediates=(PipelineIntermediate(dtype=dtype, extent=chunks),),
         stages=(
             PipelineStage(
@@ -419,12 +419,6 @@ def reduce_sum(
                 scalars=(chunks,),
             ),
         ),
-    )
-    return PipelineDocument(
-        pipeline=pipeline,
-        registry=registry,
         description=f"Sum of n {dtype.value} elements.",
-        operands=(_vector("x", dtype),),
-        results=(PipelineBuffer(name="sum", dtype=dtype, extent=Fixed(1)),),
-        runtime_scalar_names=("n",),
+        result=PipelineBuffer(name="sum", dtype=dtype, extent=Fixed(1)),
     )

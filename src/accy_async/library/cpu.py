@@ -66,6 +66,28 @@ def _register(dtype: DType) -> None:
         if full >= 1 and n % tile:
             values[full * tile :] += bases[full - 1]
 
+    @cpu_kernel(f"accy.blas.saxpy.{suffix}")
+    def saxpy(ctx: CpuLaunchContext, out: Array, x: Array, y: Array, n: int, a: Any) -> None:
+        np.add(t.type(a) * x.view(t)[:n], y.view(t)[:n], out=out.view(t)[:n], dtype=t)
+
+    @cpu_kernel(f"accy.reduce.partial_sum.{suffix}")
+    def partial_sum(ctx: CpuLaunchContext, partials: Array, src: Array, n: int) -> None:
+        rows = _tiles(src.view(t)[:n], ctx.block[0] * ctx.define("ACCY_ITEMS", REDUCE_ITEMS), zero)
+        partials.view(t)[: rows.shape[0]] = rows.sum(axis=1, dtype=t)
+
+    @cpu_kernel(f"accy.reduce.final_sum.{suffix}")
+    def final_sum(ctx: CpuLaunchContext, out: Array, partials: Array, m: int) -> None:
+        out.view(t)[0] = partials.view(t)[:m].sum(dtype=t)
+
+    del block_scan, sums_scan, add_base, saxpy, partial_sum, final_sum
+
+
+def _register_single_pass(dtype: DType) -> None:
+    """The single-pass scan's stages, for a 4-byte type (a tile's state holds its bits)."""
+    t = np.dtype(dtype.numpy_name)
+    zero = t.type(0)
+    suffix = dtype.value
+
     @cpu_kernel(f"accy.scan.scan_init.{suffix}")
     def scan_init(ctx: CpuLaunchContext, states: Array, counter: Array, n: int) -> None:
         tiles = -(-n // _scan_tile(ctx))
@@ -83,25 +105,11 @@ def _register(dtype: DType) -> None:
         scanned[1:] += prefixes[:-1, None]
         out.view(t)[:n] = scanned.reshape(-1)[:n]
         # What the device leaves behind: every tile's inclusive prefix published, all taken.
-        if t.itemsize == 4:
-            bits = prefixes.view(np.uint32).astype(np.uint64)
-            states.view(np.uint64)[: prefixes.size] = bits | np.uint64(_PREFIX_FLAG)
+        bits = prefixes.view(np.uint32).astype(np.uint64)
+        states.view(np.uint64)[: prefixes.size] = bits | np.uint64(_PREFIX_FLAG)
         counter.view(np.uint32)[0] = prefixes.size
 
-    @cpu_kernel(f"accy.blas.saxpy.{suffix}")
-    def saxpy(ctx: CpuLaunchContext, out: Array, x: Array, y: Array, n: int, a: Any) -> None:
-        np.add(t.type(a) * x.view(t)[:n], y.view(t)[:n], out=out.view(t)[:n], dtype=t)
-
-    @cpu_kernel(f"accy.reduce.partial_sum.{suffix}")
-    def partial_sum(ctx: CpuLaunchContext, partials: Array, src: Array, n: int) -> None:
-        rows = _tiles(src.view(t)[:n], ctx.block[0] * ctx.define("ACCY_ITEMS", REDUCE_ITEMS), zero)
-        partials.view(t)[: rows.shape[0]] = rows.sum(axis=1, dtype=t)
-
-    @cpu_kernel(f"accy.reduce.final_sum.{suffix}")
-    def final_sum(ctx: CpuLaunchContext, out: Array, partials: Array, m: int) -> None:
-        out.view(t)[0] = partials.view(t)[:m].sum(dtype=t)
-
-    del block_scan, sums_scan, add_base, scan_init, scan_tiles, saxpy, partial_sum, final_sum
+    del scan_init, scan_tiles
 
 
 def _scan_tile(ctx: CpuLaunchContext) -> int:
@@ -111,3 +119,5 @@ def _scan_tile(ctx: CpuLaunchContext) -> int:
 
 for _dtype in SUPPORTED_DTYPES:
     _register(_dtype)
+    if _dtype.size == 4:
+        _register_single_pass(_dtype)

@@ -408,10 +408,9 @@ class CudaBackend(Backend):
 
     def _trace_stamp(self, stream: StreamHandle, record: TraceRecord, end: bool) -> None:
         """A timing event on ``stream``: the device's time when it reaches this point."""
-        clock = self._device_state.trace_clock
-        clock.stamp(stream.native, record, end)
-        if self.tracer is not None:
-            self.tracer.add_resolver(clock.resolve)
+        tracer = self.tracer
+        assert tracer is not None  # stamps come from _traced, which runs only while tracing
+        self._device_state.trace_clock.stamp(stream.native, record, end, tracer)
 
     def _record(self, event: EventHandle, stream: StreamHandle) -> None:
         self._device_state.record(event, stream)

@@ -194,9 +194,8 @@ class CudaStageLauncher(StageLauncher):
             if wait_events:
                 for event in wait_events:
                     device.wait(stream, event)
-            if record is not None:  # after the waits: the device span is the kernel's own
-                device.trace_clock.stamp(stream.native, record, False)
-                tracer.add_resolver(device.trace_clock.resolve)  # type: ignore[union-attr]
+            if tracer is not None and record is not None:  # the device span: the kernel's own
+                device.trace_clock.stamp(stream.native, record, False, tracer)
             kernel = self._kernel
             (result,) = self._launch(
                 kernel.function, gx, gy, gz, bx, by, bz, shared, stream.native, prepared[0], 0
@@ -204,10 +203,10 @@ class CudaStageLauncher(StageLauncher):
             if result:
                 device.fail(result, f"launching {self._name}")
             device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))
-            if record is not None:
-                device.trace_clock.stamp(stream.native, record, True)
+            if tracer is not None and record is not None:
+                device.trace_clock.stamp(stream.native, record, True, tracer)
             if signal_event is not None:
                 device.record(signal_event, stream)
         finally:
-            if record is not None:
-                tracer.end(record)  # type: ignore[union-attr]
+            if tracer is not None and record is not None:
+                tracer.end(record)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._trace import TraceRecord
+from .._trace import Tracer, TraceRecord
 from .driver import driver
 
 __all__ = ["TraceClock"]
@@ -33,7 +33,7 @@ class TraceClock:
     Used from the event loop's thread only (stamps and exports both run there).
     """
 
-    __slots__ = ("_check", "_free", "_pending", "_reference", "_stream")
+    __slots__ = ("_check", "_free", "_pending", "_reference", "_stream", "_tracer")
 
     def __init__(self, check: Any) -> None:
         self._check = check
@@ -42,9 +42,18 @@ class TraceClock:
         self._pending: list[tuple[Any, TraceRecord, bool]] = []
         self._reference: tuple[Any, int] | None = None
         self._stream: Any = None
+        self._tracer: Tracer | None = None
+        """The tracer this clock last resolved for (it asks each new one to call it)."""
 
-    def stamp(self, stream: Any, record: TraceRecord, end: bool) -> None:
-        """Record an event on ``stream`` (a raw stream) for ``record``'s device start or end."""
+    def stamp(self, stream: Any, record: TraceRecord, end: bool, tracer: Tracer) -> None:
+        """Record an event on ``stream`` (a raw stream) for ``record``'s device start or end.
+
+        ``tracer`` holds ``record``: the first stamp for a tracer has it call
+        :meth:`resolve` before each export.
+        """
+        if tracer is not self._tracer:
+            tracer.add_resolver(self.resolve)
+            self._tracer = tracer
         if self._reference is None:
             self._reference = self._take_reference()
         event = self._free.pop() if self._free else self._new_event()
@@ -79,7 +88,7 @@ class TraceClock:
         events = [*self._free, *(event for event, _, _ in self._pending)]
         if self._reference is not None:
             events.append(self._reference[0])
-        self._free, self._pending, self._reference = [], [], None
+        self._free, self._pending, self._reference, self._tracer = [], [], None, None
         for event in events:
             d.cuEventDestroy(event)
         if self._stream is not None:
