@@ -252,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))
+    from accy_bench import plots
+
+    if plots.available():
+        for path in plots.plot_tuning(report, args.out):
+            print(f"figure: {path}")
     return 0
 
 
