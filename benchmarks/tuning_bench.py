@@ -26,7 +26,6 @@ and ``.md``. Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -247,11 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     report = anyio.run(main_async, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"tuning-{report['backend']}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+    from accy_bench import plots
+
+    stem = f"tuning-{report['backend']}"
+    plots.write_with_figures(report, markdown(report), args.out, stem, plots.plot_tuning)
     return 0
 
 

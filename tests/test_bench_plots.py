@@ -27,6 +27,12 @@ def test_the_bench_and_workload_results_become_figures(tmp_path: Path) -> None:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+def test_the_tuning_results_become_a_figure(tmp_path: Path) -> None:
+    assert plots.main([str(RESULTS / "tuning-cuda.json"), "--out", str(tmp_path)]) == 0
+    figure = tmp_path / "tuning-wall.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
+
+
 def test_the_command_redraws_committed_results(tmp_path: Path) -> None:
     assert plots.main([str(RESULTS / "cuda-bench.json"), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "launch-cost.png").exists()

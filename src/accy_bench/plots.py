@@ -14,7 +14,9 @@ already written::
 * from the application workloads (``workload.json``): ``workload-completion.png``, the
   median, p90 and p99 of the default waits and their baselines for every workload;
 * from the kernel bench (``kernels.json``): ``kernels-bandwidth.png``, the bandwidth each
-  implementation of each kernel reached at each size, beside 4 TB/s and the device's peak.
+  implementation of each kernel reached at each size, beside 4 TB/s and the device's peak;
+* from the tuning benchmark (``tuning.json``, ``benchmarks/tuning_bench.py``):
+  ``tuning-wall.png``, each run's wall time concurrent and one candidate after another.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "main",
     "plot_bench",
     "plot_kernels",
+    "plot_tuning",
     "plot_workload",
     "write_with_figures",
 ]
@@ -182,6 +185,33 @@ def plot_kernels(result: dict[str, Any], out: Path) -> list[Path]:
     return [_save(figure, out / "kernels-bandwidth.png", plt)]
 
 
+def plot_tuning(result: dict[str, Any], out: Path) -> list[Path]:
+    """The wall-time figure of a tuning benchmark's ``tuning.json``; its path.
+
+    One pair of bars per run: tuning every problem concurrently (compiled in a
+    process pool while others are measured) against one candidate after
+    another, with the ratio above each pair.
+    """
+    plt = _pyplot()
+    runs = result.get("runs", [])
+    if not runs:
+        return []
+    figure, axes = plt.subplots(figsize=(6, 3.2))
+    positions = range(len(runs))
+    concurrent = [run["concurrent"]["wall_seconds"] for run in runs]
+    sequential = [run["sequential"]["wall_seconds"] for run in runs]
+    axes.bar([i - 0.2 for i in positions], concurrent, width=0.4, label="concurrent")
+    axes.bar([i + 0.2 for i in positions], sequential, width=0.4, label="one after another")
+    for i, (fast, slow) in enumerate(zip(concurrent, sequential, strict=True)):
+        axes.annotate(f"{fast / slow:.2f}x", (i, max(fast, slow)), ha="center", va="bottom")
+    axes.set_xticks(list(positions), [f"run {run['run']}" for run in runs])
+    axes.set_ylabel("wall seconds")
+    problems = ", ".join(f"{name} ({count})" for name, count in result["candidates"].items())
+    axes.set_title(f"Tuning {problems} candidates, {result.get('device', '')}", fontsize=8)
+    axes.legend(fontsize=7)
+    return [_save(figure, out / "tuning-wall.png", plt)]
+
+
 def _save(figure: Any, path: Path, plt: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
@@ -206,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             if "completion" in result
             else plot_kernels
             if "rows" in result
+            else plot_tuning
+            if "runs" in result
             else plot_bench
         )
         for path in plot(result, Path(args.out)):

@@ -3,17 +3,22 @@
 A traced launch (or copy, fill, read) records a timing event on its stream
 before and after it; the event completes when the stream reaches it, so the
 pair brackets the work on the device. The times become the host's clock
-through one reference: an event recorded on a stream of the clock's own,
-which is idle, and waited for at once (the only time tracing blocks, for a
-few microseconds, on the first stamp). An event's host time is then the
-reference's plus ``cuEventElapsedTime(reference, event)`` (resolution about
-half a microsecond).
+through a reference: an event recorded on a stream of the clock's own, which
+is idle, and waited for at once (the only time tracing blocks: three such
+windows of a few microseconds on the first stamp, the tightest kept). An
+event's host time is then the reference's plus
+``cuEventElapsedTime(reference, event)`` (about half a microsecond of
+resolution while the reference is young: the call returns float
+milliseconds).
 
 Stamps are resolved when the trace is exported (:meth:`Tracer.chrome_trace`
 calls :meth:`TraceClock.resolve`): a completed event gives its record its
 device time and goes back to the pool; one not yet completed stays pending
-and its record shows the host's side only. Every event is destroyed once,
-when the backend closes.
+and its record shows the host's side only. Once every stamp is resolved the
+reference is let go, and the next stamp takes a fresh one. A long trace
+recycles the events the device has passed when the pool runs dry, so steady
+tracing creates no events. Every event is destroyed once, when the backend
+closes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from .._trace import Tracer, TraceRecord
 from .driver import driver
 
 __all__ = ["TraceClock"]
+
+_RECYCLE_AT = 256
+"""Pending stamps past which a stamp with no free event resolves those already reached."""
 
 
 class TraceClock:
@@ -56,12 +64,30 @@ class TraceClock:
             self._tracer = tracer
         if self._reference is None:
             self._reference = self._take_reference()
+        if not self._free and len(self._pending) >= _RECYCLE_AT:
+            self._collect()  # a long trace not yet exported: reuse the events already reached
         event = self._free.pop() if self._free else self._new_event()
-        self._check(driver().cuEventRecord(event, stream), "recording a trace event")
+        try:
+            self._check(driver().cuEventRecord(event, stream), "recording a trace event")
+        except BaseException:
+            self._free.append(event)  # still the pool's: destroyed at close
+            raise
         self._pending.append((event, record, end))
 
     def resolve(self) -> None:
-        """Give each completed stamp's record its device time (nanoseconds, host clock)."""
+        """Give each completed stamp's record its device time (nanoseconds, host clock).
+
+        When every stamp is resolved the reference is let go, so the next trace
+        takes a fresh one (``cuEventElapsedTime``'s float milliseconds coarsen
+        as the reference ages).
+        """
+        self._collect()
+        if not self._pending and self._reference is not None:
+            self._free.append(self._reference[0])
+            self._reference = None
+
+    def _collect(self) -> None:
+        """Resolve the stamps the device has reached; their events go back to the pool."""
         if self._reference is None or not self._pending:
             return
         d = driver()

@@ -22,6 +22,10 @@
 #ifndef ACCY_BACKOFF
 #define ACCY_BACKOFF 0  // nanoseconds a look-back lane sleeps between reads of an empty state
 #endif
+#ifndef ACCY_MIN_BLOCKS
+#define ACCY_MIN_BLOCKS 1  // blocks per SM the compiler must leave registers for (3: floats
+                           // at 12 rows fit 80 registers, with a few bytes spilled)
+#endif
 #ifndef ACCY_SCAN_BLOCK
 #define ACCY_SCAN_BLOCK 256  // threads of scan_tiles (its launch's blockDim.x)
 #endif
@@ -124,7 +128,7 @@ extern "C" __global__ void scan_init(unsigned long long* states, unsigned* count
     if (i == 0) *counter = 0u;
 }
 
-extern "C" __global__ void __launch_bounds__(ACCY_SCAN_BLOCK)
+extern "C" __global__ void __launch_bounds__(ACCY_SCAN_BLOCK, ACCY_MIN_BLOCKS)
     scan_tiles(accy_t* out_elements, const accy_t* in_elements,
                unsigned long long* states, unsigned* counter, unsigned n) {
     __shared__ scan_t warp_totals[ACCY_VECTORS][32];
@@ -157,13 +161,22 @@ extern "C" __global__ void __launch_bounds__(ACCY_SCAN_BLOCK)
             items[k][2] = from_bits(v.z);
             items[k][3] = from_bits(v.w);
         }
-    } else {
+    } else {  // the last, partial tile (or unaligned arrays): whole vectors where they fit
+        const bool aligned = accy_aligned16(in) && accy_aligned16(out);
 #pragma unroll
         for (unsigned k = 0; k < ACCY_VECTORS; ++k) {
+            const unsigned long long first = base + 4ull * (k * ACCY_SCAN_BLOCK + threadIdx.x);
+            if (aligned && first + 4 <= n) {
+                const uint4 v = load_row(reinterpret_cast<const uint4*>(in + first));
+                items[k][0] = from_bits(v.x);
+                items[k][1] = from_bits(v.y);
+                items[k][2] = from_bits(v.z);
+                items[k][3] = from_bits(v.w);
+            } else {
 #pragma unroll
-            for (unsigned j = 0; j < 4; ++j) {
-                const unsigned long long i = base + 4ull * (k * ACCY_SCAN_BLOCK + threadIdx.x) + j;
-                items[k][j] = i < n ? from_bits(in[i]) : (scan_t)0;
+                for (unsigned j = 0; j < 4; ++j) {
+                    items[k][j] = first + j < n ? from_bits(in[first + j]) : (scan_t)0;
+                }
             }
         }
     }
@@ -229,12 +242,19 @@ extern "C" __global__ void __launch_bounds__(ACCY_SCAN_BLOCK)
                                  accy_to_bits(items[k][2]), accy_to_bits(items[k][3])));
         }
     } else {
+        const bool aligned = accy_aligned16(in) && accy_aligned16(out);
 #pragma unroll
         for (unsigned k = 0; k < ACCY_VECTORS; ++k) {
+            const unsigned long long first = base + 4ull * (k * ACCY_SCAN_BLOCK + threadIdx.x);
+            if (aligned && first + 4 <= n) {
+                store_row(reinterpret_cast<uint4*>(out + first),
+                          make_uint4(accy_to_bits(items[k][0]), accy_to_bits(items[k][1]),
+                                     accy_to_bits(items[k][2]), accy_to_bits(items[k][3])));
+            } else {
 #pragma unroll
-            for (unsigned j = 0; j < 4; ++j) {
-                const unsigned long long i = base + 4ull * (k * ACCY_SCAN_BLOCK + threadIdx.x) + j;
-                if (i < n) out[i] = accy_to_bits(items[k][j]);
+                for (unsigned j = 0; j < 4; ++j) {
+                    if (first + j < n) out[first + j] = accy_to_bits(items[k][j]);
+                }
             }
         }
     }
