@@ -149,6 +149,59 @@ async def test_a_trace_has_its_tracks_flows_and_spans_in_order(
         assert record.device_end_ns <= resumed + slack_ns
 
 
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_gpu])])
+async def test_host_only_tracing_records_no_device_times(tmp_path: Path, kind: BackendKind) -> None:
+    async with accy.open_backend(kind) as backend:
+        with accy.trace(backend, device_times=False) as tracer:
+            await _two_tasks_of_scans(backend)
+        path = tmp_path / "trace.json"
+        tracer.write(path)
+    assert {r.kind for r in tracer.records} >= {"launch", "write", "read", "wait"}
+    assert all(r.device_start_ns is None and r.device_end_ns is None for r in tracer.records)
+    kinds = _by_kind(json.loads(path.read_text())["traceEvents"])
+    assert kinds["X"] and all(e["pid"] == 1 for e in kinds["X"])  # the host's spans only
+    assert not kinds["s"] and not kinds["f"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+async def test_a_long_cuda_trace_resolves_every_launch_in_stream_order() -> None:
+    """Thousands of traced launches before one export: the clock recycles the events the
+    device has passed (with a backlog still queued), and every launch gets its device span."""
+    launches = 3000
+    async with accy.open_backend("cuda") as backend:
+        kernel = await load(backend, "add_one_f32")
+        n = 1 << 20
+        a, b = backend.allocate_buffer(4 * n), backend.allocate_buffer(4 * n)
+        backend.fill_buffer(a, 0)
+        streams = [backend.create_stream(), backend.create_stream()]
+        config = accy.LaunchConfig(*grid_for(n))
+        with accy.trace(backend) as tracer:
+            for i in range(launches):
+                backend.launch(
+                    kernel,
+                    [b.bind(), a.bind("read_only")],
+                    [accy.U32(n)],
+                    config,
+                    stream=streams[i % 2],
+                )
+            for stream in streams:
+                await accy.wait_stream(backend, stream)
+        tracer.chrome_trace()  # resolves the stamps not yet resolved
+        records = [r for r in tracer.records if r.kind == "launch"]
+        assert len(records) == launches
+        for stream in streams:
+            mine = [r for r in records if r.stream == stream.id]
+            assert len(mine) == launches // 2
+            previous_end = 0
+            for record in mine:
+                assert record.device_start_ns is not None and record.device_end_ns is not None
+                assert record.device_start_ns <= record.device_end_ns
+                assert record.device_start_ns >= previous_end - 2_000  # in order on the stream
+                previous_end = record.device_end_ns
+        backend.destroy_all([kernel, a, b, *streams])
+
+
 async def test_nothing_is_recorded_outside_the_block_and_one_trace_at_a_time() -> None:
     async with accy.open_backend("recording") as backend:
         buffer = backend.allocate_buffer(64)

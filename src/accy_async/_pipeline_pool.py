@@ -86,6 +86,8 @@ class PipelineArtifactPool:
         self.target = pipeline.target
         self.version = pipeline.version
         self.format = format
+        self.program = program_of(pipeline, registry, format)
+        """The checked chain the pool was loaded for (a launch of the same plans takes it)."""
         self.entries: tuple[PoolEntry, ...] = tuple(entries)
         self.launchers: tuple[StageLauncher, ...] = tuple(
             backend.stage_launcher(entry.loaded) for entry in self.entries
@@ -263,10 +265,9 @@ async def load_pipeline_artifacts(
     await checkpoint()
     if format is None:
         format = choose_format(backend, registry)
-    program = program_of(pipeline, registry, format)
     entries: list[PoolEntry] = []
     try:
-        for entry in program.entries:
+        for entry in program_of(pipeline, registry, format).entries:
             artifact = await backend.create_artifact(entry.artifact_spec())
             entries.append(PoolEntry(artifact, await backend.load_artifact(artifact)))
     except BaseException:

@@ -209,7 +209,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     if fmt is None:
         fmt = pool.format if pool is not None else choose_format(backend, request.registry)
     if pool is not None and pool.pipeline is pipeline and pool.registry is request.registry:
-        program = program_of(pipeline, pool.registry, pool.format)
+        program = pool.program
     else:
         program = program_of(pipeline, request.registry, fmt)
     operands, results, provided = request.operands, request.results, request.intermediates
@@ -340,7 +340,7 @@ def resolve_launch(
     checks them; the answer is cached per pipeline. Raises
     :class:`LaunchArgumentMismatch` (:class:`LimitExceeded` for a bound).
     """
-    return resolve_program(program_of(pool.pipeline, pool.registry, pool.format), arguments)
+    return resolve_program(pool.program, arguments)
 
 
 def enqueue_checked(

@@ -41,7 +41,7 @@ def add_run_parser(commands: Any) -> None:
     """Add the ``run`` sub-command to ``commands`` (an argparse sub-parsers object)."""
     command = commands.add_parser("run", help="run a pipeline plan file or built-in plan")
     _add_run_arguments(command)
-    command.set_defaults(trace_output=None)
+    command.set_defaults(trace_output=None, host_only=False)
 
 
 def add_trace_parser(commands: Any) -> None:
@@ -57,6 +57,11 @@ def add_trace_parser(commands: Any) -> None:
         dest="trace_output",
         default="trace.json",
         help="the trace file to write (default: trace.json); open it in https://ui.perfetto.dev",
+    )
+    command.add_argument(
+        "--host-only",
+        action="store_true",
+        help="record the host's side only (enqueues, waits), not the device's times",
     )
 
 
@@ -271,7 +276,9 @@ async def _run_on_backend(
             start = time.perf_counter()
             with contextlib.ExitStack() as tracing:
                 tracer = (
-                    None if args.trace_output is None else tracing.enter_context(trace(backend))
+                    None
+                    if args.trace_output is None
+                    else tracing.enter_context(trace(backend, device_times=not args.host_only))
                 )
                 await launch_pipeline(
                     backend,

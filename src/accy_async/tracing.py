@@ -28,17 +28,20 @@ __all__ = ["trace"]
 
 
 @contextlib.contextmanager
-def trace(backend: Backend, *, nvtx: bool = False) -> Iterator[Tracer]:
+def trace(backend: Backend, *, nvtx: bool = False, device_times: bool = True) -> Iterator[Tracer]:
     """Record what ``backend`` enqueues and waits for within the block; yields the tracer.
 
     With ``nvtx`` each host span is also an NVTX range in the ``accy`` domain
-    (needs the optional ``nvtx`` package), for Nsight Systems. One trace at a
-    time per backend (:class:`~accy_async.errors.UnsupportedOperation` for a
-    second).
+    (needs the optional ``nvtx`` package), for Nsight Systems. With
+    ``device_times=False`` the trace keeps the host's side only (enqueue spans,
+    waits): on CUDA a traced launch then records no timing events, which is
+    most of tracing's cost there (two ``cuEventRecord`` calls per operation).
+    One trace at a time per backend
+    (:class:`~accy_async.errors.UnsupportedOperation` for a second).
     """
     if backend.tracer is not None:
         raise UnsupportedOperation(f"the {backend.kind} backend is already being traced")
-    tracer = Tracer(f"{backend.kind} backend: {backend.name}", nvtx=nvtx)
+    tracer = Tracer(f"{backend.kind} backend: {backend.name}", nvtx=nvtx, device_times=device_times)
     backend.tracer = tracer
     try:
         yield tracer

@@ -182,10 +182,25 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
                 raw_launch(native.function, 1, 1, 1, 32, 1, 1, 0, stream.native, native.params, 0)
 
         rows["accy backend.launch (checked)"] = await paired_us(raw, checked, sync, repeat)
-        with trace(backend):  # the host's record of each launch (CUDA has no device times yet)
+        with trace(backend):  # two timing events per launch: the device's start and end
             rows["accy backend.launch (checked), traced"] = await paired_us(
                 raw, checked, sync, repeat
             )
+        with trace(backend, device_times=False):  # the host's spans only
+            rows["accy backend.launch (checked), traced, host spans only"] = await paired_us(
+                raw, checked, sync, repeat
+            )
+        _, timing_event = d.cuEventCreate(0)  # the floor of device times: the events' records
+
+        async def two_records() -> None:
+            for _ in range(BATCH):
+                d.cuEventRecord(timing_event, stream.native)
+                d.cuEventRecord(timing_event, stream.native)
+
+        rows[
+            "cuEventRecord x2 of a timing event (a traced launch's device-time floor)"
+        ] = await paired_us(raw, two_records, sync, repeat)
+        d.cuEventDestroy(timing_event)
 
         entry = p.RegistryEntry(
             target="bench.empty",

@@ -71,8 +71,9 @@ class BackendCore(BackendPrimitives):
     ) -> _T:
         """``enqueue()``, recorded by the tracer.
 
-        The host's span, and where the backend can tell, the device's (stamps
-        on ``stream`` before and after). ``wait_events`` are waited for before
+        The host's span, and where the backend can tell and the tracer asks
+        for it (:attr:`Tracer.device_times`), the device's (stamps on
+        ``stream`` before and after). ``wait_events`` are waited for before
         the first stamp and ``signal_event`` recorded after the last, so the
         device's span is the work's own: ``enqueue`` must not wait or signal.
         """
@@ -81,10 +82,13 @@ class BackendCore(BackendPrimitives):
         for event in wait_events:
             self._wait(stream, event)
         record = tracer.begin(kind, name, stream.id, args or None)
+        stamped = tracer.device_times
         try:
-            self._trace_stamp(stream, record, False)
+            if stamped:
+                self._trace_stamp(stream, record, False)
             result = enqueue()
-            self._trace_stamp(stream, record, True)
+            if stamped:
+                self._trace_stamp(stream, record, True)
         except BaseException as exc:
             record.args = {**(record.args or {}), "error": type(exc).__name__}
             raise

@@ -8,8 +8,9 @@ and the device's start and end where the backend can tell (the CPU backend's
 stream worker stamps them on its own clock, which is the host's; CUDA records
 a timing event on the stream before and after the work, resolved when the
 trace is exported; the recording backend, which runs nothing, takes its
-enqueue times). Waits record
-when the task began waiting and when it resumed.
+enqueue times). A tracer made with ``device_times=False`` has no backend stamp
+the device's times: host spans only, at a fraction of the cost on CUDA. Waits
+record when the task began waiting and when it resumed.
 
 :meth:`Tracer.chrome_trace` exports the Chrome trace-event format that Perfetto
 (ui.perfetto.dev) and ``chrome://tracing`` load: one process for the host with
@@ -90,9 +91,19 @@ class Tracer:
     """
 
     def __init__(
-        self, device_name: str = "device", *, nvtx: bool = False, nvtx_module: Any = None
+        self,
+        device_name: str = "device",
+        *,
+        nvtx: bool = False,
+        nvtx_module: Any = None,
+        device_times: bool = True,
     ) -> None:
         self.device_name = device_name
+        self.device_times = device_times
+        """Whether backends stamp the device's start and end of each operation.
+
+        Off, records keep the host's side only (enqueue spans, waits), and a
+        traced CUDA launch records no timing events: the cheapest trace."""
         self.records: list[TraceRecord] = []
         self.task_names: dict[int, str] = {0: "host"}
         """Each task seen, by the number records carry (0: outside any task)."""

@@ -189,13 +189,14 @@ class CudaStageLauncher(StageLauncher):
             if tracer is None
             else tracer.begin("launch", self._name, stream.id, {"config": config})
         )
+        stamping = tracer if tracer is not None and tracer.device_times else None
         try:
             device = self._device
             if wait_events:
                 for event in wait_events:
                     device.wait(stream, event)
-            if tracer is not None and record is not None:  # the device span: the kernel's own
-                device.trace_clock.stamp(stream.native, record, False, tracer)
+            if stamping is not None and record is not None:  # the kernel's own span
+                device.trace_clock.stamp(stream.native, record, False, stamping)
             kernel = self._kernel
             (result,) = self._launch(
                 kernel.function, gx, gy, gz, bx, by, bz, shared, stream.native, prepared[0], 0
@@ -203,8 +204,8 @@ class CudaStageLauncher(StageLauncher):
             if result:
                 device.fail(result, f"launching {self._name}")
             device.ledgers[stream.id].enqueue(kernel.cost, (config.grid, config.block, prepared[3]))
-            if tracer is not None and record is not None:
-                device.trace_clock.stamp(stream.native, record, True, tracer)
+            if stamping is not None and record is not None:
+                device.trace_clock.stamp(stream.native, record, True, stamping)
             if signal_event is not None:
                 device.record(signal_event, stream)
         finally:

@@ -41,13 +41,28 @@ class TraceClock:
     Used from the event loop's thread only (stamps and exports both run there).
     """
 
-    __slots__ = ("_check", "_free", "_pending", "_reference", "_stream", "_tracer")
+    __slots__ = (
+        "_check",
+        "_collect_at",
+        "_count",
+        "_driver",
+        "_free",
+        "_pending",
+        "_reference",
+        "_stream",
+        "_tracer",
+    )
 
     def __init__(self, check: Any) -> None:
         self._check = check
         """The backend's driver-result check (raises, poisoning the backend on a fault)."""
+        self._driver = driver()
         self._free: list[Any] = []
-        self._pending: list[tuple[Any, TraceRecord, bool]] = []
+        self._pending: dict[int, list[tuple[Any, TraceRecord, bool]]] = {}
+        """Stamps not yet resolved, by stream, oldest first: a stream passes them in order."""
+        self._count = 0
+        """How many stamps are pending, on every stream."""
+        self._collect_at = _RECYCLE_AT
         self._reference: tuple[Any, int] | None = None
         self._stream: Any = None
         self._tracer: Tracer | None = None
@@ -64,15 +79,22 @@ class TraceClock:
             self._tracer = tracer
         if self._reference is None:
             self._reference = self._take_reference()
-        if not self._free and len(self._pending) >= _RECYCLE_AT:
+        free = self._free
+        if not free and self._count >= self._collect_at:
             self._collect()  # a long trace not yet exported: reuse the events already reached
-        event = self._free.pop() if self._free else self._new_event()
+            # A device far behind frees nothing: look again only when twice as many wait.
+            self._collect_at = max(_RECYCLE_AT, 2 * self._count)
+        event = free.pop() if free else self._new_event()
         try:
-            self._check(driver().cuEventRecord(event, stream), "recording a trace event")
+            self._check(self._driver.cuEventRecord(event, stream), "recording a trace event")
         except BaseException:
-            self._free.append(event)  # still the pool's: destroyed at close
+            free.append(event)  # still the pool's: destroyed at close
             raise
-        self._pending.append((event, record, end))
+        queue = self._pending.get(record.stream)
+        if queue is None:
+            queue = self._pending[record.stream] = []
+        queue.append((event, record, end))
+        self._count += 1
 
     def resolve(self) -> None:
         """Give each completed stamp's record its device time (nanoseconds, host clock).
@@ -82,39 +104,62 @@ class TraceClock:
         as the reference ages).
         """
         self._collect()
-        if not self._pending and self._reference is not None:
+        if not self._count and self._reference is not None:
             self._free.append(self._reference[0])
             self._reference = None
 
     def _collect(self) -> None:
-        """Resolve the stamps the device has reached; their events go back to the pool."""
-        if self._reference is None or not self._pending:
+        """Resolve the stamps the device has reached; their events go back to the pool.
+
+        A stream reaches its stamps in the order they were recorded, so each
+        stream's queue is a reached prefix and an unreached rest: one query of
+        the newest stamp finds the usual case (all reached), a binary search
+        the others.
+        """
+        if self._reference is None or not self._count:
             return
-        d = driver()
+        d = self._driver
+        query, elapsed = d.cuEventQuery, d.cuEventElapsedTime
         reference, reference_ns = self._reference
-        still = []
-        for event, record, end in self._pending:
-            if int(d.cuEventQuery(event)[0]):  # not reached yet (or failed): host side only
-                still.append((event, record, end))
-                continue
-            result, milliseconds = d.cuEventElapsedTime(reference, event)
-            self._free.append(event)
-            if int(result):
-                continue
-            at = reference_ns + round(milliseconds * 1e6)
-            if end:
-                record.device_end_ns = at
+        free = self._free
+        for key, queue in list(self._pending.items()):
+            if not int(query(queue[-1][0])[0]):
+                reached = len(queue)
+            else:  # the first stamp not reached (a failed query counts as not reached)
+                low, high = 0, len(queue) - 1
+                while low < high:
+                    middle = (low + high) // 2
+                    if int(query(queue[middle][0])[0]):
+                        high = middle
+                    else:
+                        low = middle + 1
+                reached = low
+            for event, record, end in queue[:reached]:
+                result, milliseconds = elapsed(reference, event)
+                free.append(event)
+                if int(result):
+                    continue
+                at = reference_ns + round(milliseconds * 1e6)
+                if end:
+                    record.device_end_ns = at
+                else:
+                    record.device_start_ns = at
+            if reached == len(queue):
+                del self._pending[key]
             else:
-                record.device_start_ns = at
-        self._pending = still
+                del queue[:reached]
+            self._count -= reached
 
     def close(self) -> None:
         """Destroy every event and the clock's stream (the backend is closing)."""
-        d = driver()
-        events = [*self._free, *(event for event, _, _ in self._pending)]
+        d = self._driver
+        events = [*self._free]
+        for queue in self._pending.values():
+            events.extend(event for event, _, _ in queue)
         if self._reference is not None:
             events.append(self._reference[0])
-        self._free, self._pending, self._reference, self._tracer = [], [], None, None
+        self._free, self._pending, self._count = [], {}, 0
+        self._reference, self._tracer = None, None
         for event in events:
             d.cuEventDestroy(event)
         if self._stream is not None:
@@ -122,7 +167,7 @@ class TraceClock:
             self._stream = None
 
     def _new_event(self) -> Any:
-        result, event = driver().cuEventCreate(0)  # CU_EVENT_DEFAULT: timing enabled
+        result, event = self._driver.cuEventCreate(0)  # CU_EVENT_DEFAULT: timing enabled
         self._check(result, "creating a trace event")
         return event
 
@@ -132,7 +177,7 @@ class TraceClock:
         The host time is the middle of the tightest of three record-and-wait
         windows (each a few microseconds).
         """
-        d = driver()
+        d = self._driver
         if self._stream is None:
             result, stream = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
             self._check(result, "creating the trace clock's stream")
