@@ -88,6 +88,12 @@ def test_trace_runs_a_plan_and_writes_a_timeline_of_its_stages(tmp_path: Path) -
     assert sorted(e["ts"] for e in stages) == [e["ts"] for e in stages]
     assert main(["run", *arguments, *out, "--force"]) == 0  # run writes no trace
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "scan.json"]
+    host_only = tmp_path / "host.json"
+    assert main(["trace", *arguments, *out, "--force", "--host-only", "-o", str(host_only)]) == 0
+    events = json.loads(host_only.read_text())["traceEvents"]
+    launches = [e for e in events if e["ph"] == "X" and e["cat"] == "launch"]
+    assert [e["name"] for e in launches] == ["launch scan_init", "launch scan_tiles"]
+    assert all(e["pid"] == 1 for e in launches)  # the host's spans; no device times
 
 
 def test_run_reads_operands_from_npy_files(tmp_path: Path) -> None:

@@ -109,6 +109,7 @@ class Tracer:
         """Each task seen, by the number records carry (0: outside any task)."""
         self._tasks: list[object] = []
         """The tasks seen, kept while tracing: no other task can take one's number."""
+        self._last_task: object = None
         self._resolvers: list[Callable[[], None]] = []
         """Called before an export: backends whose device times arrive late fill them in."""
         self._nvtx: Any = None
@@ -164,6 +165,9 @@ class Tracer:
         if task is None:
             return 0
         number = id(task)
+        if task is self._last_task:  # a task launching many times in a row
+            return number
+        self._last_task = task
         if number not in self.task_names:
             name = task.name if self._trio else task.get_name()
             self.task_names[number] = f"{name} ({len(self._tasks) + 1})"

@@ -23,9 +23,11 @@
 #define ACCY_BACKOFF 0  // nanoseconds a look-back lane sleeps between reads of an empty state
 #endif
 #ifndef ACCY_MIN_BLOCKS
-#define ACCY_MIN_BLOCKS 3  // blocks per SM the compiler must leave registers for: 3 keeps
-                           // floats at 12 rows in 80 registers (a few bytes spilled), which
-                           // measured 7% faster at 1e8-1e9 on the H200 than 2 blocks per SM
+// Blocks per SM the compiler must leave registers for: enough for 768 resident threads, so
+// at most 85 registers a thread. At 256 threads that is 3 blocks, which keeps floats at 12
+// rows in 80 registers (a few bytes spilled): 7% faster at 1e8-1e9 on the H200 than the 2
+// blocks their 105 registers allowed.
+#define ACCY_MIN_BLOCKS (768 / ACCY_SCAN_BLOCK > 0 ? 768 / ACCY_SCAN_BLOCK : 1)
 #endif
 #ifndef ACCY_SCAN_BLOCK
 #define ACCY_SCAN_BLOCK 256  // threads of scan_tiles (its launch's blockDim.x)
