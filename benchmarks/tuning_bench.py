@@ -230,10 +230,9 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     first = report["runs"][0]["concurrent"]["problems"]
     for name, winners in report["winners_across_runs"].items():
-        lines.append(
-            f"| {name} | {winners} | {first[name]['winner_label']} | "
-            f"{first[name]['winner_median_us']:.2f} |"
-        )
+        median = first[name]["winner_median_us"]
+        shown = "-" if median is None else f"{median:.2f}"  # nothing measured (no candidate ran)
+        lines.append(f"| {name} | {winners} | {first[name]['winner_label']} | {shown} |")
     return "\n".join(lines) + "\n"
 
 
