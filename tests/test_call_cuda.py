@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,10 +14,6 @@ import pytest
 import accy_async as accy
 
 from .conftest import needs_gpu
-
-_SETTLE_ROUNDS = 6000 if os.environ.get("ACCY_UNDER_SANITIZER") else 200
-"""5 ms rounds a test gives the reactor to report lanes idle: 1 s, or 30 s under a sanitizer
-(compute-sanitizer slows every driver call the reactor makes by one to two orders)."""
 
 pytestmark = [pytest.mark.gpu, needs_gpu]
 
@@ -90,7 +85,7 @@ async def test_numpy_and_device_arrays_mix_and_leases_end(cuda: accy.Backend) ->
         assert host_out.tolist() == [4.0] * 4096
         del x, result
     await accy.synchronize(cuda)
-    for _ in range(_SETTLE_ROUNDS):  # the reactor reports the lane's stream idle a moment later
+    for _ in range(200):  # the reactor reports the lane's stream idle a moment later
         cuda.collect_deferred()
         gc.collect()
         if x_ref() is None:
@@ -186,7 +181,7 @@ async def test_results_taken_by_torch_and_cupy_without_a_copy_on_their_streams(
         del t, z
         gc.collect()
         assert accy.dlpack.exported_count() == 0
-    for _ in range(_SETTLE_ROUNDS):  # the leases end once the reactor reports the lanes idle
+    for _ in range(200):  # the leases end once the reactor reports the lanes idle
         cuda.collect_deferred()  # and what the views gave up (from whichever thread) goes
         buffers = list(cuda.live_objects(owned_only=True).values())
         if "buffer" not in buffers:
