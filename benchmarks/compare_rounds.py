@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 
-def _row(name: str, ratios: list[float]) -> str:
-    mean = math.exp(statistics.mean(math.log(r) for r in ratios))
-    slower = sum(r > 1 for r in ratios)
-    changes = " | ".join(f"{r - 1:+.1%}" for r in ratios)
-    return f"| {name} | {changes} | **{mean - 1:+.1%}** | {slower} of {len(ratios)} |"
+def _row(name: str, ratios: list[float | None]) -> str:
+    """One row: each round's change (a dash where the round lacks the row), mean, slower."""
+    present = [r for r in ratios if r is not None]
+    mean = math.exp(statistics.mean(math.log(r) for r in present))
+    slower = sum(r > 1 for r in present)
+    changes = " | ".join("-" if r is None else f"{r - 1:+.1%}" for r in ratios)
+    return f"| {name} | {changes} | **{mean - 1:+.1%}** | {slower} of {len(present)} |"
 
 
 def _launch_ratio(entry: Any) -> float | None:
@@ -38,24 +40,28 @@ def compare(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
         f"| row | {header} | geometric mean | rounds slower |",
         "|---|" + "---|" * (len(pairs) + 2),
     ]
-    for name in pairs[0][1]["launch_us"]:
-        ratios = []
+    launch_rows = dict.fromkeys(name for _, after in pairs for name in after["launch_us"])
+    for name in launch_rows:
+        ratios: list[float | None] = []
         for before, after in pairs:
             old = _launch_ratio(before["launch_us"].get(name))
             new = _launch_ratio(after["launch_us"].get(name))
-            if old and new:
-                ratios.append(new / old)
-        if ratios and name.startswith("accy"):
+            ratios.append(new / old if old and new else None)
+        if any(ratios) and name.startswith("accy"):
             lines.append(_row(f"launch: {name} (x raw)", ratios))
-    for length in pairs[0][1]["latency"]:
-        for name in pairs[0][1]["latency"][length]:
+    lengths = dict.fromkeys(length for _, after in pairs for length in after["latency"])
+    for length in lengths:
+        waits = dict.fromkeys(
+            name for _, after in pairs for name in after["latency"].get(length, {})
+        )
+        for name in waits:
             ratios = []
             for before, after in pairs:
                 was: dict[str, Any] = before["latency"].get(length, {}).get(name) or {}
                 now: dict[str, Any] = after["latency"].get(length, {}).get(name) or {}
-                if was.get("median_us") and now.get("median_us"):
-                    ratios.append(now["median_us"] / was["median_us"])
-            if ratios and name.startswith("accy"):
+                both = was.get("median_us") and now.get("median_us")
+                ratios.append(now["median_us"] / was["median_us"] if both else None)
+            if any(ratios) and name.startswith("accy"):
                 lines.append(_row(f"completion {length}: {name} (median)", ratios))
     return "\n".join(lines) + "\n"
 

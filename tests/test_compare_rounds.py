@@ -53,3 +53,23 @@ def test_each_round_is_judged_against_its_own_raw_launch(tmp_path: Path, capsys:
     wait = next(line for line in lines if "accy wait (asyncio)" in line)
     assert "| +25.0% | -50.0% | **-20.9%** | 1 of 2 |" in wait
     assert not any("heartbeat" in line or "cuLaunchKernel" in line for line in lines)
+
+
+def test_a_row_missing_from_a_round_keeps_the_other_rounds_in_their_columns(
+    tmp_path: Path, capsys: Any
+) -> None:
+    newer = _bench(11.0, 5.0, 40.0)
+    newer["launch_us"]["accy traced"] = {"us": 20.0, "raw_us": 5.0}
+    rounds = [
+        (_bench(10.0, 5.0, 40.0), _bench(10.0, 5.0, 40.0)),  # before the row existed
+        (newer, newer),
+    ]
+    arguments = []
+    for index, (before, after) in enumerate(rounds):
+        paths = tmp_path / f"before{index}.json", tmp_path / f"after{index}.json"
+        paths[0].write_text(json.dumps(before))
+        paths[1].write_text(json.dumps(after))
+        arguments.append(f"{paths[0]}:{paths[1]}")
+    assert _script().main(arguments) == 0
+    traced = next(line for line in capsys.readouterr().out.splitlines() if "accy traced" in line)
+    assert traced.endswith("| - | +0.0% | **+0.0%** | 0 of 1 |")
