@@ -34,18 +34,23 @@ def _bench(launch_us: float, raw_us: float, median_us: float) -> dict[str, Any]:
     }
 
 
+def _written(folder: Path, rounds: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
+    """The rounds as JSON files in ``folder``: the script's BEFORE:AFTER arguments."""
+    arguments = []
+    for index, (before, after) in enumerate(rounds):
+        paths = folder / f"before{index}.json", folder / f"after{index}.json"
+        paths[0].write_text(json.dumps(before))
+        paths[1].write_text(json.dumps(after))
+        arguments.append(f"{paths[0]}:{paths[1]}")
+    return arguments
+
+
 def test_each_round_is_judged_against_its_own_raw_launch(tmp_path: Path, capsys: Any) -> None:
     rounds = [
         (_bench(10.0, 5.0, 40.0), _bench(8.0, 4.0, 50.0)),  # launch: 2.0x raw both: no change
         (_bench(10.0, 5.0, 40.0), _bench(11.0, 5.0, 20.0)),  # launch +10%, wait -50%
     ]
-    arguments = []
-    for index, (before, after) in enumerate(rounds):
-        paths = tmp_path / f"before{index}.json", tmp_path / f"after{index}.json"
-        paths[0].write_text(json.dumps(before))
-        paths[1].write_text(json.dumps(after))
-        arguments.append(f"{paths[0]}:{paths[1]}")
-    assert _script().main(arguments) == 0
+    assert _script().main(_written(tmp_path, rounds)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| row | round 1 | round 2 | geometric mean | rounds slower |"
     launch = next(line for line in lines if line.startswith("| launch: accy launch"))
@@ -64,12 +69,6 @@ def test_a_row_missing_from_a_round_keeps_the_other_rounds_in_their_columns(
         (_bench(10.0, 5.0, 40.0), _bench(10.0, 5.0, 40.0)),  # before the row existed
         (newer, newer),
     ]
-    arguments = []
-    for index, (before, after) in enumerate(rounds):
-        paths = tmp_path / f"before{index}.json", tmp_path / f"after{index}.json"
-        paths[0].write_text(json.dumps(before))
-        paths[1].write_text(json.dumps(after))
-        arguments.append(f"{paths[0]}:{paths[1]}")
-    assert _script().main(arguments) == 0
+    assert _script().main(_written(tmp_path, rounds)) == 0
     traced = next(line for line in capsys.readouterr().out.splitlines() if "accy traced" in line)
     assert traced.endswith("| - | +0.0% | **+0.0%** | 0 of 1 |")

@@ -72,21 +72,15 @@ class PipelineArtifactPool:
     every loaded kernel; the created artifacts are host memory and go with it.
     """
 
-    def __init__(
-        self,
-        backend: Backend,
-        pipeline: KernelCallPipeline,
-        registry: KernelCallRegistry,
-        format: ArtifactFormat,
-        entries: Sequence[PoolEntry],
-    ) -> None:
+    def __init__(self, backend: Backend, program: Program, entries: Sequence[PoolEntry]) -> None:
+        pipeline = program.pipeline
         self.backend = backend
         self.pipeline = pipeline
-        self.registry = registry
+        self.registry = program.registry
         self.target = pipeline.target
         self.version = pipeline.version
-        self.format = format
-        self.program = program_of(pipeline, registry, format)
+        self.format = program.format
+        self.program = program
         """The checked chain the pool was loaded for (a launch of the same plans takes it)."""
         self.entries: tuple[PoolEntry, ...] = tuple(entries)
         self.launchers: tuple[StageLauncher, ...] = tuple(
@@ -265,15 +259,16 @@ async def load_pipeline_artifacts(
     await checkpoint()
     if format is None:
         format = choose_format(backend, registry)
+    program = program_of(pipeline, registry, format)
     entries: list[PoolEntry] = []
     try:
-        for entry in program_of(pipeline, registry, format).entries:
+        for entry in program.entries:
             artifact = await backend.create_artifact(entry.artifact_spec())
             entries.append(PoolEntry(artifact, await backend.load_artifact(artifact)))
     except BaseException:
         backend.destroy_all([pool_entry.loaded for pool_entry in entries])
         raise
-    return PipelineArtifactPool(backend, pipeline, registry, format, entries)
+    return PipelineArtifactPool(backend, program, entries)
 
 
 async def allocate_pipeline_intermediates(

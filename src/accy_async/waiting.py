@@ -100,7 +100,7 @@ async def wait_event(
         await _watch(backend, _Event(backend, event), policy)
     except BaseException as exc:
         if record is not None:  # cancelled, or the device failed
-            record.args = {"error": type(exc).__name__}
+            record.failed(exc)
         raise
     finally:
         if record is not None:
@@ -131,7 +131,7 @@ async def wait_stream(
             mark.release()
     except BaseException as exc:
         if record is not None:  # cancelled, or the device failed
-            record.args = {"error": type(exc).__name__}
+            record.failed(exc)
         raise
     finally:
         if record is not None:

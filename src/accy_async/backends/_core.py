@@ -90,7 +90,7 @@ class BackendCore(BackendPrimitives):
             if stamped:
                 self._trace_stamp(stream, record, True)
         except BaseException as exc:
-            record.args = {**(record.args or {}), "error": type(exc).__name__}
+            record.failed(exc)
             raise
         finally:
             tracer.end(record)

@@ -8,7 +8,7 @@ and the device's start and end where the backend can tell (the CPU backend's
 stream worker stamps them on its own clock, which is the host's; CUDA records
 a timing event on the stream before and after the work, resolved when the
 trace is exported; the recording backend, which runs nothing, takes its
-enqueue times). A tracer made with ``device_times=False`` has no backend stamp
+enqueue times). With a tracer made with ``device_times=False`` no backend stamps
 the device's times: host spans only, at a fraction of the cost on CUDA. Waits
 record when the task began waiting and when it resumed.
 
@@ -81,6 +81,10 @@ class TraceRecord:
         self.device_end_ns: int | None = None
         self.args = args
         self.nvtx_range: Any = None
+
+    def failed(self, error: BaseException) -> None:
+        """Note that the operation raised ``error`` (a failed enqueue, a cancelled wait)."""
+        self.args = {**(self.args or {}), "error": type(error).__name__}
 
 
 class Tracer:

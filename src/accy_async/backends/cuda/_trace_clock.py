@@ -104,9 +104,11 @@ class TraceClock:
         as the reference ages).
         """
         self._collect()
-        if not self._count and self._reference is not None:
-            self._free.append(self._reference[0])
-            self._reference = None
+        if not self._count:
+            self._collect_at = _RECYCLE_AT
+            if self._reference is not None:
+                self._free.append(self._reference[0])
+                self._reference = None
 
     def _collect(self) -> None:
         """Resolve the stamps the device has reached; their events go back to the pool.
@@ -134,9 +136,15 @@ class TraceClock:
                     else:
                         low = middle + 1
                 reached = low
-            for event, record, end in queue[:reached]:
+            done = queue[:reached]
+            if reached == len(queue):
+                del self._pending[key]
+            else:
+                del queue[:reached]
+            self._count -= reached
+            free.extend(event for event, _, _ in done)  # the pool's before anything can raise
+            for event, record, end in done:
                 result, milliseconds = elapsed(reference, event)
-                free.append(event)
                 if int(result):
                     continue
                 at = reference_ns + round(milliseconds * 1e6)
@@ -144,11 +152,6 @@ class TraceClock:
                     record.device_end_ns = at
                 else:
                     record.device_start_ns = at
-            if reached == len(queue):
-                del self._pending[key]
-            else:
-                del queue[:reached]
-            self._count -= reached
 
     def close(self) -> None:
         """Destroy every event and the clock's stream (the backend is closing)."""
@@ -158,7 +161,7 @@ class TraceClock:
             events.extend(event for event, _, _ in queue)
         if self._reference is not None:
             events.append(self._reference[0])
-        self._free, self._pending, self._count = [], {}, 0
+        self._free, self._pending, self._count, self._collect_at = [], {}, 0, _RECYCLE_AT
         self._reference, self._tracer = None, None
         for event in events:
             d.cuEventDestroy(event)
