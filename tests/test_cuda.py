@@ -226,6 +226,53 @@ async def test_a_cancelled_load_gives_control_back_at_once(cuda: accy.Backend) -
     cuda.destroy(loaded)
 
 
+async def test_a_pipeline_that_loads_its_own_kernels_is_cancelled_at_once(
+    cuda: accy.Backend,
+) -> None:
+    """Without a pool the call loads its kernels behind a 50 ms kernel on its stream (the load
+    waits for it in the driver). Cancelled 5 ms in, it gives control back at once: no device
+    call on the way out, which the driver would hold behind the load (44 ms before). What it
+    owned is released once the stream is done."""
+    slow = await cuda.load_artifact(await cuda.create_artifact(spec(cuda, "slow_fill_f32")))
+    stamp = cuda.allocate_buffer(64)
+    stream = cuda.create_stream()
+    document = library.load_builtin("prefix_sum_i32")
+    x, y = cuda.allocate_buffer(4096), cuda.allocate_buffer(4096)
+    request = PipelineLaunch(
+        pipeline=document.pipeline,
+        registry=document.registry,
+        format=accy.choose_format(cuda, document),
+        operands=[x.bind("read_only")],
+        results=[y.bind()],
+        runtime_scalar_arguments=(p.U32(1024),),
+        stream=stream,
+    )
+    live = dict(cuda.live_objects())
+    late = []
+    for _ in range(5):
+        cuda.launch(
+            slow,
+            [stamp.bind()],
+            [p.U32(1), p.F32(1), p.U64(50_000_000)],
+            accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
+            stream=stream,
+        )
+        with anyio.move_on_after(0.005) as scope:
+            await launch_pipeline(cuda, request)
+        late.append(time.perf_counter() - scope.deadline)
+        assert scope.cancelled_caught
+        await accy.wait_stream(cuda, stream)
+        with anyio.fail_after(5):
+            while dict(cuda.live_objects()) != live:  # deferred releases, the stream done
+                cuda.collect_deferred()
+                await anyio.sleep(0.001)
+        # The releases' frees run on the backend's janitor thread; one still running when
+        # the next slow kernel starts would hold this thread's next allocation behind it.
+        await anyio.sleep(0.05)
+    assert sorted(late)[2] < 0.015, late  # the kernel had 45 ms left
+    cuda.destroy_all([slow, stamp, stream, x, y])
+
+
 async def test_the_forecast_learns_a_length_set_by_a_scalar(cuda: accy.Backend) -> None:
     """slow_fill spins for its scalar's nanoseconds: after a few waits of random lengths the
     forecast of a new length is right, and the wait resumes close to it."""

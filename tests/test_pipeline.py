@@ -73,6 +73,37 @@ async def test_cancelling_a_launch_that_owns_its_objects_releases_them() -> None
     await backend.aclose()
 
 
+async def test_a_launch_cancelled_while_it_loads_a_kernel_leaves_at_once() -> None:
+    """Cancelled while stage 2's kernel loads (stage 1 is queued), the call makes no device
+    call on its way out (on CUDA the driver would hold it behind the load, which waits for the
+    running kernels): what it owns goes to deferred release, freed once the stream is done."""
+    backend = accy.RecordingBackend(completion="manual")
+    x, y = backend.allocate_buffer(20_000), backend.allocate_buffer(20_000)
+    request = seed_launch(operands=[x.bind()], results=[y.bind()])
+    create = backend.create_artifact
+    with anyio.CancelScope() as scope:
+
+        async def create_then_cancel(spec: p.ArtifactSpec) -> accy.KernelArtifact:
+            if backend.create_count == 1:
+                scope.cancel()  # the next checkpoint, in this create or the load, raises
+            return await create(spec)
+
+        backend.create_artifact = create_then_cancel  # type: ignore[method-assign]
+        await launch_pipeline(backend, request)
+    assert scope.cancelled_caught
+    assert backend.launch_count == 1
+    assert backend.pending_count() == 1  # stage 1 itself: nothing was marked on the way out
+    assert backend.destroy_count == 0  # the queued stage may still use the scratch and kernel
+    backend.complete_all()
+    backend.collect_deferred()  # hands the orphans to deferred release: marks the stream
+    backend.complete_all()
+    backend.collect_deferred()
+    assert set(backend.live_objects(owned_only=True)) == {x.id, y.id}
+    assert backend.destroy_count == 3  # two scratch buffers and stage 1's kernel, once each
+    backend.destroy_all([x, y])
+    await backend.aclose()
+
+
 @pytest.fixture(autouse=True)
 def short_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(accy.waiting, "CLEANUP_WAIT_SECONDS", 0.05)

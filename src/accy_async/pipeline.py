@@ -13,9 +13,10 @@ Ownership follows the seed. With neither a pool nor scratch buffers, the call
 allocates the intermediates and loads the kernels itself, waits for the
 stream (without blocking the loop) and destroys them. With both, it returns
 as soon as the stages are enqueued; the caller awaits the stream before
-reusing or freeing the buffers. After an error or a cancellation, the call
-waits (shielded, bounded) for what it enqueued and destroys every object it
-owns, even when that wait fails.
+reusing or freeing the buffers. After an error, the call waits (bounded)
+for what it enqueued and destroys every object it owns, even when that wait
+fails; after a cancellation it returns at once and what it owns goes to
+deferred release (destroyed once the stream has run what was enqueued).
 
 To launch one chain many times, load a :class:`PipelineArtifactPool` and
 allocate :class:`PipelineIntermediates` once::
@@ -34,9 +35,12 @@ public names are re-exported here.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
+
+import anyio
 
 from ._loops import admit
 from ._pipeline_pool import (
@@ -301,6 +305,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             pool.memos.popitem(last=False)
         return
     owned: list[BufferHandle | LoadedArtifact] = []
+    loading = False
     try:
         if provided is None:
             intermediates: Sequence[BufferBinding] = allocate_intermediates(
@@ -318,14 +323,23 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
                 _launch_stage(launcher, resolved, stage_index, sources, stream)
         else:
             for stage_index, entry in enumerate(program.entries):
+                loading = True
                 artifact = await backend.create_artifact(entry.artifact_spec(request.diagnostic_id))
                 loaded = await backend.load_artifact(artifact)
+                loading = False
                 owned.append(loaded)
                 _launch_stage(
                     backend.stage_launcher(loaded), resolved, stage_index, sources, stream
                 )
         await wait_stream(backend, stream)
     except BaseException:
+        if loading and anyio.current_effective_deadline() == -math.inf:
+            # Cancelled while a worker thread loads a kernel. The driver holds every other
+            # thread's launches, records and allocations until that load ends, and the load
+            # waits for the kernels running on the device: hand what this call owns to
+            # deferred release without a driver call (the backend's next call takes it).
+            backend.release_from_any_thread(owned, after=stream)
+            raise
         await release_when_idle(backend, owned, [stream])
         raise
     backend.destroy_all(owned)

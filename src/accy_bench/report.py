@@ -51,12 +51,15 @@ _CANCELLATION_COLUMNS: Final[tuple[Column, ...]] = (
     ("median µs", "median_us", "{:.1f}"),
     ("p90 µs", "p90_us", "{:.1f}"),
     ("p99 µs", "p99_us", "{:.1f}"),
+    ("worst heartbeat lag ms", "worst_heartbeat_lag_ms", "{:.2f}"),
     ("not cancelled", "wrong", "{:d}"),
 )
 _CANCELLATION_INTRO: Final = (
     "Microseconds from cancelling the caller's scope (from another task, 5 ms into a 50 ms "
     "kernel) until the cancelled call has given control back. What the device still uses "
-    "goes to deferred release."
+    "goes to deferred release. The heartbeat's worst lag shows a loop held up before the "
+    "cancellation arrived (the driver holds launches, records and allocations while a module "
+    "loads or memory is freed behind a running kernel)."
 )
 _SERVICE_INTRO: Final = (
     "Each task has its own stream, scratch and output; the input (all ones) and the kernel "
