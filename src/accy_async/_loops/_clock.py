@@ -42,8 +42,16 @@ __all__ = [
 
 Callback = Callable[[], None]
 
-_LATENESS_LIMIT: Final = 2e-3
-"""Lateness samples are clipped here, so one preempted wake-up does not dominate the margin."""
+_MARGIN_BOUNDS: Final = (5e-6, 1e-3)
+"""The smallest and largest margin a clock gives."""
+
+_LATE_GROWTH: Final = 1.2
+"""A wake-up later than the margin raises it by this factor (at most: one preempted wake-up,
+milliseconds late, must not make every later wait spin for a millisecond)..."""
+
+_ON_TIME_DECAY: Final = 0.978
+"""... and one within it lowers it by this one. At balance the margin is the lateness that
+about one wake-up in nine exceeds (ln 0.978 / (ln 0.978 - ln 1.2) = 0.11)."""
 
 
 class Alarm(CompletionRegistration):
@@ -69,9 +77,10 @@ class AlarmClock(ABC):
     """Fires callbacks at :func:`time.perf_counter` instants and learns how late they land."""
 
     def __init__(self) -> None:
-        # A smoothed mean and mean deviation of the lateness, as TCP smooths round trips.
-        self._late_mean = 20e-6
-        self._late_deviation = 10e-6
+        # A running estimate of the lateness's 89th percentile: it moves by a bounded factor
+        # per sample, so an outlier moves it little and a lasting change is followed within
+        # a dozen samples.
+        self._late = 20e-6
 
     @abstractmethod
     def schedule(self, when: float, callback: Callback) -> Alarm:
@@ -90,15 +99,22 @@ class AlarmClock(ABC):
 
     @property
     def margin(self) -> float:
-        """How much earlier than needed to ask for a wake-up: most alarms land within it."""
-        return min(max(self._late_mean + 3 * self._late_deviation, 5e-6), 1e-3)
+        """How much earlier than needed to ask for a wake-up: about 9 alarms in 10 land within it.
+
+        A wait that wakes this early polls until its work is due, so the margin
+        is what a wait spends spinning to be on time; the one wake-up in ten
+        that lands later costs that wait its lateness instead.
+        """
+        low, high = _MARGIN_BOUNDS
+        return min(max(self._late, low), high)
 
     def observe_lateness(self, seconds: float) -> None:
-        """Fold in how late a task resumed after a short sleep it asked for."""
-        sample = min(max(seconds, 0.0), _LATENESS_LIMIT)
-        error = sample - self._late_mean
-        self._late_mean += error / 8
-        self._late_deviation += (abs(error) - self._late_deviation) / 4
+        """Fold in how late a task resumed after a short sleep it asked for (early is on time)."""
+        low, high = _MARGIN_BOUNDS
+        if seconds > self._late:
+            self._late = min(max(self._late, low) * _LATE_GROWTH, high)
+        else:
+            self._late *= _ON_TIME_DECAY
 
     def missed_a_sleep(self) -> None:
         """A wait found no time to sleep within the margin: shrink the margin a little.
@@ -106,8 +122,7 @@ class AlarmClock(ABC):
         Without samples the margin would never come down again after a burst
         of late wake-ups, and short waits would poll all the time.
         """
-        self._late_mean *= 0.97
-        self._late_deviation *= 0.97
+        self._late *= 0.97
 
 
 # ----- the timerfd clock ------------------------------------------------------------------
