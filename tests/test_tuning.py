@@ -501,8 +501,10 @@ async def test_cuda_tunes_the_builtin_kernels_with_device_timing(
         assert [c.status for c in result.candidates] == ["ok"] * len(problem.candidates), result
         best = result.best
         assert best is not None
-        # 1M floats: microseconds, not the milliseconds a host-timed sample would show.
-        assert 1e-7 < best.median_seconds < 2e-3
+        # 1M floats: microseconds, not the milliseconds a host-timed sample would show
+        # (under compute-sanitizer the instrumented kernels take milliseconds themselves).
+        ceiling = 20e-3 if os.environ.get("ACCY_UNDER_SANITIZER") else 2e-3
+        assert 1e-7 < best.median_seconds < ceiling
     identity = cuda_backend.identity
     assert identity.kind == "cuda" and identity.uuid.startswith("GPU-")
     assert identity.compiler.startswith("nvrtc")
