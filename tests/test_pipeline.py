@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import anyio
 import numpy as np
 import pytest
@@ -73,13 +76,18 @@ async def test_cancelling_a_launch_that_owns_its_objects_releases_them() -> None
     await backend.aclose()
 
 
-async def test_a_launch_cancelled_while_it_loads_a_kernel_leaves_at_once() -> None:
+@pytest.mark.parametrize("stream_destroyed", [False, True])
+async def test_a_launch_cancelled_while_it_loads_a_kernel_leaves_at_once(
+    stream_destroyed: bool,
+) -> None:
     """Cancelled while stage 2's kernel loads (stage 1 is queued), the call makes no device
     call on its way out (on CUDA the driver would hold it behind the load, which waits for the
-    running kernels): what it owns goes to deferred release, freed once the stream is done."""
+    running kernels): what it owns goes to deferred release, freed once its stream has run
+    stage 1, even when the caller destroys the stream first."""
     backend = accy.RecordingBackend(completion="manual")
     x, y = backend.allocate_buffer(20_000), backend.allocate_buffer(20_000)
-    request = seed_launch(operands=[x.bind()], results=[y.bind()])
+    stream = backend.create_stream()
+    request = seed_launch(operands=[x.bind()], results=[y.bind()], stream=stream)
     create = backend.create_artifact
     with anyio.CancelScope() as scope:
 
@@ -93,13 +101,39 @@ async def test_a_launch_cancelled_while_it_loads_a_kernel_leaves_at_once() -> No
     assert scope.cancelled_caught
     assert backend.launch_count == 1
     assert backend.pending_count() == 1  # stage 1 itself: nothing was marked on the way out
-    assert backend.destroy_count == 0  # the queued stage may still use the scratch and kernel
+    assert backend.destroy_count == 0
+    if stream_destroyed:
+        backend.destroy(stream)  # the caller drops its stream before the backend's next call
+    backend.collect_deferred()  # the release now waits for the stream (a mark behind stage 1)
+    assert backend.destroy_count == int(stream_destroyed)  # nothing stage 1 may still use
     backend.complete_all()
-    backend.collect_deferred()  # hands the orphans to deferred release: marks the stream
+    backend.collect_deferred()
+    assert set(backend.live_objects(owned_only=True)) == {x.id, y.id} | (
+        set() if stream_destroyed else {stream.id}
+    )
+    assert backend.destroy_count == 3 + int(stream_destroyed)  # scratch x2, stage 1's kernel
+    backend.destroy_all([x, y] if stream_destroyed else [x, y, stream])
+    await backend.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_plain_asyncio_cancellation_does_not_wait_for_the_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``asyncio.wait_for`` cancels with ``Task.cancel()``, outside any AnyIO scope: the
+    clean-up defers its releases instead of waiting (up to 30 s) for a device that is busy."""
+    monkeypatch.setattr(accy.waiting, "CLEANUP_WAIT_SECONDS", 30.0)
+    backend = accy.RecordingBackend(completion="manual")
+    x, y = backend.allocate_buffer(20_000), backend.allocate_buffer(20_000)
+    request = seed_launch(operands=[x.bind()], results=[y.bind()])
+    start = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(launch_pipeline(backend, request), 0.02)
+    assert time.perf_counter() - start < 10  # not the clean-up's 30 s
+    assert backend.deferred_count == 5  # two scratch buffers and three kernels, kept for now
     backend.complete_all()
     backend.collect_deferred()
     assert set(backend.live_objects(owned_only=True)) == {x.id, y.id}
-    assert backend.destroy_count == 3  # two scratch buffers and stage 1's kernel, once each
     backend.destroy_all([x, y])
     await backend.aclose()
 

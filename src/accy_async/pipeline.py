@@ -35,13 +35,11 @@ public names are re-exported here.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import anyio
-
+from . import _loops
 from ._loops import admit
 from ._pipeline_pool import (
     LaunchMemo,
@@ -333,7 +331,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
                 )
         await wait_stream(backend, stream)
     except BaseException:
-        if loading and anyio.current_effective_deadline() == -math.inf:
+        if loading and _loops.cancelled():
             # Cancelled while a worker thread loads a kernel. The driver holds every other
             # thread's launches, records and allocations until that load ends, and the load
             # waits for the kernels running on the device: hand what this call owns to

@@ -235,7 +235,8 @@ async def release_when_idle(
     The clean-up path of every owner (loaded kernels, pools, pipelines, graph
     runs). It waits up to ``patience`` seconds (:data:`CLEANUP_WAIT_SECONDS`
     by default), then destroys each object exactly once. If the caller is
-    cancelled (before or during the wait), or the wait fails or times out,
+    cancelled (before or during the wait; on asyncio a plain ``Task.cancel()``
+    counts, as in ``asyncio.wait_for``), or the wait fails or times out,
     the objects go to the backend's deferred releases instead and the call
     returns at once: a cancelled caller gets control back without waiting for
     the device, and nothing is freed while the device may still use it.
@@ -246,9 +247,9 @@ async def release_when_idle(
         backend.destroy_all(objects)
         await _loops.checkpoint()
         return
-    if anyio.current_effective_deadline() == -math.inf:  # already cancelled: don't wait
+    if _loops.cancelled():  # the caller is being cancelled: don't wait
         _defer(backend, objects, streams)
-        await _loops.checkpoint()  # raises the cancellation
+        await _loops.checkpoint()  # raises a scope's cancellation (asyncio's was delivered)
         return
     finished = False
     try:

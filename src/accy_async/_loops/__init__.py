@@ -9,12 +9,16 @@ an asyncio loop is running on this thread, or a trio run is.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import sys
 from asyncio import _get_running_loop
 from collections.abc import Awaitable
 from functools import cache
 from types import ModuleType
 from typing import Final, Literal
+
+import anyio
 
 from ._asyncio import YIELD, current_asyncio_loop
 from ._base import ADMITTED_PER_PASS, Loop, Register, fresh_error
@@ -24,6 +28,7 @@ __all__ = [
     "Loop",
     "Register",
     "admit",
+    "cancelled",
     "checkpoint",
     "current",
     "fresh_error",
@@ -81,6 +86,22 @@ def checkpoint() -> Awaitable[None]:
     if not _in_trio_run():
         raise RuntimeError(_NO_LOOP)
     return sys.modules["trio"].lowlevel.checkpoint()  # type: ignore[no-any-return]
+
+
+def cancelled() -> bool:
+    """Whether the running task is being cancelled: call it while handling an exception.
+
+    True inside a cancelled AnyIO or trio scope, and on asyncio also after a
+    plain ``Task.cancel()`` (``asyncio.wait_for``, ``asyncio.timeout``) that
+    has not been taken back (:meth:`asyncio.Task.cancelling`): clean-up that
+    would wait for the device defers its releases instead.
+    """
+    if anyio.current_effective_deadline() == -math.inf:
+        return True
+    if _get_running_loop() is None:
+        return False
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def admit() -> Awaitable[None]:

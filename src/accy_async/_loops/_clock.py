@@ -78,8 +78,9 @@ class AlarmClock(ABC):
 
     def __init__(self) -> None:
         # A running estimate of the lateness's 89th percentile: it moves by a bounded factor
-        # per sample, so an outlier moves it little and a lasting change is followed within
-        # a dozen samples.
+        # per sample, so an outlier moves it little; a lasting rise is followed within about
+        # a dozen samples (x1.2 each), a lasting fall more slowly (about 170 samples to come
+        # down from 1 ms to 25 us), as on-time samples are the many.
         self._late = 20e-6
 
     @abstractmethod
@@ -114,7 +115,7 @@ class AlarmClock(ABC):
         if seconds > self._late:
             self._late = min(max(self._late, low) * _LATE_GROWTH, high)
         else:
-            self._late *= _ON_TIME_DECAY
+            self._late = max(self._late * _ON_TIME_DECAY, low)
 
     def missed_a_sleep(self) -> None:
         """A wait found no time to sleep within the margin: shrink the margin a little.
@@ -122,7 +123,7 @@ class AlarmClock(ABC):
         Without samples the margin would never come down again after a burst
         of late wake-ups, and short waits would poll all the time.
         """
-        self._late *= 0.97
+        self._late = max(self._late * 0.97, _MARGIN_BOUNDS[0])
 
 
 # ----- the timerfd clock ------------------------------------------------------------------

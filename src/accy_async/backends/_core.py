@@ -154,6 +154,10 @@ class BackendCore(BackendPrimitives):
         """
         if obj is self.default_stream:
             raise InvalidBuffer("the default stream cannot be destroyed")
+        if self._registry.ready and isinstance(obj, StreamHandle) and self.owns(obj):
+            # Objects handed in to release after this stream wait for it while it still
+            # lives (gone, they would wait for the default stream instead).
+            self.collect_deferred()
         self._registry.remove(obj)
         if isinstance(obj, BufferHandle) and obj.ownership is Ownership.EXTERNAL:
             return
@@ -209,8 +213,8 @@ class BackendCore(BackendPrimitives):
 
         Nothing is destroyed or enqueued here: the objects are handed to the
         next call on this backend that collects deferred releases (a launch,
-        an allocation, :meth:`aclose`), which defers them after ``after``
-        (the default stream if ``after`` is gone by then).
+        an allocation, destroying ``after``, :meth:`aclose`), which defers
+        them after ``after`` (the default stream if ``after`` is gone by then).
         """
         self._registry.orphan(objects, after)
 

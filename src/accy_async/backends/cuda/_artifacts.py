@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from functools import partial
 from typing import Any
 
 import anyio.to_thread
@@ -18,6 +19,7 @@ from ...plan import ArtifactFormat, ArtifactSpec, BinaryPayload, TextPayload
 from .._handles import KernelArtifact
 from ..forecast import Forecast
 from ._launch import Kernel
+from ._memory import Janitor
 from .compile_pool import CompilePool
 from .driver import driver, translate
 from .nvrtc import compile_source
@@ -56,12 +58,15 @@ async def create_artifact(
     return KernelArtifact(spec, payload.data, "cubin")
 
 
-async def load_kernel(context: Any, artifact: KernelArtifact, forecast: Forecast) -> Kernel:
+async def load_kernel(
+    context: Any, artifact: KernelArtifact, forecast: Forecast, janitor: Janitor
+) -> Kernel:
     """Load ``artifact``'s module in ``context`` and find its kernel, on a worker thread.
 
     A cancelled caller leaves at once; whichever of the two finishes last
-    unloads the module. The kernel's cost model is shared by every load of
-    the same image.
+    unloads the module (the caller through ``janitor``: an unload behind a
+    running kernel waits for it). The kernel's cost model is shared by every
+    load of the same image.
     """
     name = artifact.spec.kernel_name
 
@@ -94,7 +99,7 @@ async def load_kernel(context: Any, artifact: KernelArtifact, forecast: Forecast
             state["abandoned"] = True
             loaded = state.pop("loaded", None)
         if loaded is not None:
-            driver().cuModuleUnload(loaded)
+            janitor.submit(f"unloading {name} (its load was cancelled)", partial(_unload, loaded))
         raise
     image = artifact.image if isinstance(artifact.image, bytes) else bytes(artifact.image)
     key = (name, hashlib.blake2b(image, digest_size=16).digest())
@@ -104,3 +109,7 @@ async def load_kernel(context: Any, artifact: KernelArtifact, forecast: Forecast
         artifact.spec.argument_count,
         forecast.model(key, name),
     )
+
+
+def _unload(module: Any) -> Any:
+    return driver().cuModuleUnload(module)

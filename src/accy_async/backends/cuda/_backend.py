@@ -365,7 +365,8 @@ class CudaBackend(Backend):
             self._compile_pool = None
 
     async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
-        return await load_kernel(self._context, artifact, self._device_state.forecast)
+        state = self._device_state
+        return await load_kernel(self._context, artifact, state.forecast, state.janitor)
 
     # ----- streams and events --------------------------------------------------------------
 
