@@ -73,12 +73,9 @@ class PipelineArtifactPool:
     """
 
     def __init__(self, backend: Backend, program: Program, entries: Sequence[PoolEntry]) -> None:
-        pipeline = program.pipeline
         self.backend = backend
-        self.pipeline = pipeline
+        self.pipeline = program.pipeline
         self.registry = program.registry
-        self.target = pipeline.target
-        self.version = pipeline.version
         self.format = program.format
         self.program = program
         """The checked chain the pool was loaded for (a launch of the same plans takes it)."""
@@ -95,6 +92,16 @@ class PipelineArtifactPool:
         """Requests launched once (by id): a second launch packs them into a memo."""
         self.graphs = GraphCache(backend)
         """The stages as one instantiated graph, per geometry."""
+
+    @property
+    def target(self) -> str:
+        """The chain's target, as its pipeline names it."""
+        return self.pipeline.target
+
+    @property
+    def version(self) -> int:
+        """The chain's version, as its pipeline gives it."""
+        return self.pipeline.version
 
     def graph_for(self, configs: tuple[LaunchConfig, ...], wanted: bool | None) -> GraphExec | None:
         """The stages at ``configs`` as one graph (see :class:`GraphCache`)."""

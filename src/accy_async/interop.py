@@ -86,13 +86,14 @@ def device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
     if strides is not None and shape[0] > 1 and tuple(strides) != (dtype.itemsize,):
         raise LaunchArgumentMismatch(f"{what} is not contiguous", path=path)
     address, readonly = interface["data"]
+    stream = interface.get("stream")  # a PyTorch tensor never gets here: read above
     return DeviceArray(
         owner=obj,
         address=int(address),
         dtype=dtype,
         size=int(shape[0]),
         readonly=bool(readonly),
-        stream=_producer_stream(obj, interface),
+        stream=None if stream is None else int(stream),
     )
 
 
@@ -201,15 +202,6 @@ def cpu_array(obj: Any) -> Any:
     if device_of is None or int(device_of()[0]) not in (dlpack.CPU, dlpack.CUDA_HOST):
         return obj
     return np.from_dlpack(obj)
-
-
-def _producer_stream(obj: Any, interface: dict[str, Any]) -> int | None:
-    if _library(obj) == "torch":
-        import torch
-
-        return _torch_current_stream(torch, obj.get_device())
-    stream = interface.get("stream")
-    return None if stream is None else int(stream)
 
 
 def _library(obj: Any) -> str:
