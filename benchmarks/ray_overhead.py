@@ -1,10 +1,13 @@
-"""What the Ray router adds per request, against the same call in-process (CPU backend).
+"""What the Ray router adds per request, against the same call in-process.
 
-A prefix sum of 1,000 int32 elements, one request after another and 64 at a time, through
-``open_pipeline`` in this process, through a ``PipelineActorImpl`` in this process (the
-actor's own bookkeeping), and through ``Router`` to one and to two Ray actors::
+A prefix sum of 1,000 int32 elements (NumPy in, NumPy out), one request after another and
+64 at a time, through ``open_pipeline`` in this process, through a ``PipelineActorImpl`` in
+this process (the actor's own bookkeeping), and through ``Router`` to one and to two Ray
+actors. On the CPU backend (the default) each actor takes half a CPU; with
+``--backend cuda`` each takes the GPU (one actor: ``num_gpus=1``; two share it, 0.5 each)::
 
     python benchmarks/ray_overhead.py --out benchmarks/results/
+    python benchmarks/ray_overhead.py --backend cuda --out benchmarks/results/
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -47,13 +51,15 @@ async def _loop(run: Any, count: int, worker: int) -> None:
         await run()
 
 
-async def measure() -> dict[str, float]:
+async def measure(kind: str) -> tuple[str, dict[str, float]]:
+    """The device's name and µs per request of each way."""
     x = np.arange(N, dtype=np.int32)
     rows: dict[str, float] = {}
     async with (
-        accy.open_backend("cpu") as backend,
+        accy.open_backend(kind) as backend,  # type: ignore[arg-type]
         accy.open_pipeline("prefix_sum_i32", backend=backend) as scan,
     ):
+        device = f"{backend.name}, {os.cpu_count()} cores"
 
         async def direct() -> None:
             await scan(x)
@@ -62,7 +68,7 @@ async def measure() -> dict[str, float]:
             rows[f"open_pipeline in process, {concurrency} in flight"] = await _per_request_us(
                 direct, concurrency
             )
-    actor_impl = PipelineActorImpl("cpu")
+    actor_impl = PipelineActorImpl(kind)
     counter = iter(range(10**9))
 
     async def bookkeeping() -> None:
@@ -71,7 +77,8 @@ async def measure() -> dict[str, float]:
     rows["PipelineActorImpl in process, 1 in flight"] = await _per_request_us(bookkeeping, 1)
     await actor_impl.close()
     for actors in (1, 2):
-        handles = [PipelineActor.options(num_cpus=0.5).remote("cpu") for _ in range(actors)]
+        share = {"num_gpus": 1 / actors} if kind == "cuda" else {"num_cpus": 0.5}
+        handles = [PipelineActor.options(**share).remote(kind) for _ in range(actors)]
         router = Router(handles)
 
         async def routed(router: Router = router) -> None:
@@ -83,26 +90,44 @@ async def measure() -> dict[str, float]:
             )
         for handle in handles:
             await handle.close.remote()
-    return rows
+    return device, rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
+    parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=2 if args.backend == "cpu" else 4,
+        num_gpus=1 if args.backend == "cuda" else 0,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     try:
-        rows = asyncio.run(measure())
+        device, rows = asyncio.run(measure(args.backend))
     finally:
         ray.shutdown()
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    result = {"commit": commit, "n": N, "ray": ray.__version__, "us_per_request": rows}
+    commit = (
+        os.environ.get("ACCY_REVISION")
+        or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    )
+    result = {
+        "commit": commit,
+        "backend": args.backend,
+        "machine": device,
+        "n": N,
+        "ray": ray.__version__,
+        "us_per_request": rows,
+    }
     out = Path(args.out)
-    (out / "ray-overhead-cpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = f"ray-overhead-{args.backend}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
-        "# Ray router overhead (CPU backend, 2-core development machine)",
+        f"# Ray router overhead ({args.backend} backend, {result['machine']})",
         "",
         f"commit {commit}; Ray {ray.__version__}; prefix sum of {N} int32; "
         "µs per request (median of 5 rounds of 400)",
@@ -111,7 +136,7 @@ def main() -> int:
         "|---|---|",
         *(f"| {name} | {us:.0f} |" for name, us in rows.items()),
     ]
-    (out / "ray-overhead-cpu.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

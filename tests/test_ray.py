@@ -21,6 +21,8 @@ ray = pytest.importorskip("ray")
 from accy_async.ray import PipelineActor, PipelineActorImpl, Router  # noqa: E402
 from accy_async.testing import assert_checkpoint  # noqa: E402
 
+from .conftest import GPU_AVAILABLE, needs_gpu  # noqa: E402
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -29,7 +31,13 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=4,
+        num_gpus=1 if GPU_AVAILABLE else 0,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     try:
         yield
     finally:
@@ -50,8 +58,10 @@ def _request(rng: random.Random) -> tuple[str, list[np.ndarray[Any, Any]], dict[
     return kind, [x, y], {"a": 1.5}, np.float32(1.5) * x + y
 
 
-def _actors(count: int) -> list[Any]:
-    return [PipelineActor.options(num_cpus=0.5).remote("cpu") for _ in range(count)]
+def _actors(count: int, backend: str = "cpu") -> list[Any]:
+    if backend == "cuda":  # the actors share the one GPU a test machine may have
+        return [PipelineActor.options(num_gpus=1 / count).remote("cuda") for _ in range(count)]
+    return [PipelineActor.options(num_cpus=0.5).remote(backend) for _ in range(count)]
 
 
 async def _close(actors: list[Any]) -> list[int]:
@@ -107,6 +117,44 @@ async def test_a_killed_actor_loses_no_request_and_answers_none_twice(cluster: N
     assert sorted(answers) == list(range(300)) and set(answers.values()) == {1}
     assert router.alive == 2
     assert await _close(actors[1:]) == [0, 0]
+
+
+@pytest.mark.gpu
+@needs_gpu
+async def test_cuda_actors_answer_right_and_lose_nothing_when_one_is_killed(cluster: None) -> None:
+    """Two CUDA actors on the GPU: mixed requests right, one killed mid-run, each answered once."""
+    actors = _actors(2, "cuda")
+    router = Router(actors, max_in_flight=8)
+    rng = random.Random(3)
+    answers: dict[int, int] = {}
+    wrong: list[int] = []
+    half_answered = anyio.Event()  # the rest still queued or running
+
+    async def one(index: int) -> None:
+        plan, arrays, scalars, expected = _request(rng)
+        (got,) = await router.call(plan, *arrays, **scalars)
+        answers[index] = answers.get(index, 0) + 1
+        if len(answers) >= 500:
+            half_answered.set()
+        if not np.allclose(got, expected, rtol=1e-5):
+            wrong.append(index)
+
+    async def kill_one() -> None:
+        await half_answered.wait()
+        ray.kill(actors[0], no_restart=True)
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as group:
+            for index in range(200):  # warm both actors (CUDA contexts, kernels) first
+                group.start_soon(one, index)
+        async with anyio.create_task_group() as group:
+            group.start_soon(kill_one)
+            for index in range(200, 1000):
+                group.start_soon(one, index)
+    assert wrong == []
+    assert sorted(answers) == list(range(1000)) and set(answers.values()) == {1}
+    assert router.alive == 1
+    assert await _close(actors[1:]) == [0]
 
 
 async def test_a_cancelled_caller_leaves_no_work_running(cluster: None) -> None:
