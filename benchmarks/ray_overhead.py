@@ -65,9 +65,9 @@ async def measure(kind: str) -> tuple[str, dict[str, float]]:
             await scan(x)
 
         for concurrency in (1, 64):
-            rows[f"open_pipeline in process, {concurrency} in flight"] = await _per_request_us(
-                direct, concurrency
-            )
+            name = f"open_pipeline in process, {concurrency} in flight"
+            rows[name] = await _per_request_us(direct, concurrency)
+            print(f"{name}: {rows[name]:.0f} µs", flush=True)
     actor_impl = PipelineActorImpl(kind)
     counter = iter(range(10**9))
 
@@ -85,11 +85,12 @@ async def measure(kind: str) -> tuple[str, dict[str, float]]:
             await router.call("prefix_sum_i32", x)
 
         for concurrency in (1, 64):
-            rows[f"Router, {actors} Ray actor(s), {concurrency} in flight"] = await _per_request_us(
-                routed, concurrency
-            )
+            name = f"Router, {actors} Ray actor(s), {concurrency} in flight"
+            rows[name] = await _per_request_us(routed, concurrency)
+            print(f"{name}: {rows[name]:.0f} µs", flush=True)
         for handle in handles:
             await handle.close.remote()
+            ray.kill(handle)  # gives its share of the GPU back for the next actors
     return device, rows
 
 
