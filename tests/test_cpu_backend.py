@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import accy_async as accy
+from accy_async.testing import assert_checkpoint
 
 from .kernels import grid_for, load
 
@@ -190,3 +191,40 @@ async def test_more_memory_than_the_machine_has_is_refused_before_allocating(
     with pytest.raises(accy.OutOfDeviceMemory, match="bytes are available"):
         cpu_backend.allocate_buffer(available + 2**30)
     assert len(cpu_backend.live_objects()) == live  # nothing was made
+
+
+async def test_idle_streams_are_read_written_and_awaited_without_a_trip_to_their_thread(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    """On an idle stream a small copy runs at once and a wait is only a checkpoint; behind
+    queued work, the same calls queue after it and see its results."""
+    backend = cpu_backend
+    slow = await load(backend, "slow_fill_f32")
+    stream = backend.create_stream()
+    buffer = backend.allocate_buffer(4 * 8)
+    worker = backend._worker(stream)
+    source = np.arange(8, dtype=np.float32)
+    backend.write_buffer(buffer, source.view(np.uint8).data, stream=stream)
+    source[:] = -1  # the caller reuses its array at once
+    read = backend.enqueue_read(buffer, stream=stream)
+    await assert_checkpoint(lambda: accy.wait_stream(backend, stream))
+    assert worker.enqueued == 0, "nothing went to the stream's thread"
+    data = await accy.wait_read(read)
+    assert np.frombuffer(data, np.float32).tolist() == list(range(8))
+
+    backend.launch(
+        slow,
+        [buffer.bind()],
+        [accy.U32(8), accy.F32(5.0), accy.U64(50_000_000)],
+        accy.LaunchConfig((1, 1, 1), (1, 1, 1)),
+        stream=stream,
+    )
+    behind = backend.enqueue_read(buffer, stream=stream)  # queued behind the kernel
+    backend.write_buffer(buffer, source.view(np.uint8).data, stream=stream)
+    source[:] = 7  # after the write was queued: the write keeps what it was given
+    assert np.frombuffer(await accy.wait_read(behind), np.float32).tolist() == [5.0] * 8
+    await accy.wait_stream(backend, stream)
+    assert worker.enqueued > 0
+    after = backend.enqueue_read(buffer, stream=stream)
+    assert np.frombuffer(await accy.wait_read(after), np.float32).tolist() == [-1.0] * 8
+    backend.destroy_all([slow, buffer, stream])

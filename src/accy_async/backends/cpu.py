@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import DeviceFault, InvalidArtifact, OutOfDeviceMemory, UnsupportedOperation
 from ..plan import ArtifactFormat, ArtifactSpec, CpuKernelPayload, ScalarArgument
-from ._completion import Completion, CompletionCallback, CompletionRegistration
+from ._completion import ALREADY_FIRED, Completion, CompletionCallback, CompletionRegistration
 from ._device_info import DeviceIdentity, Limits, WaitPolicy
 from ._handles import (
     DEFAULT_STREAM_ID,
@@ -51,6 +51,9 @@ __all__ = ["CpuBackend", "host_memory_available"]
 
 _STOP: Final = object()
 _YIELD_EVERY: Final = 8
+_INLINE_BYTES: Final = 1 << 16
+"""A read or write at most this large on an idle stream is copied on the caller's thread:
+the round trip to the stream's thread and back costs more than the copy."""
 
 
 class _CpuImage(NamedTuple):
@@ -280,14 +283,21 @@ class CpuBackend(Backend):
     def _write(
         self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
     ) -> None:
-        source = np.frombuffer(bytes(data), dtype=np.uint8)
+        worker = self._worker(stream)
+        inline = data.nbytes <= _INLINE_BYTES and worker.idle()
+        # Queued, the bytes are copied first: the caller may reuse ``data`` at once.
+        source = np.frombuffer(data if inline else bytes(data), dtype=np.uint8)
         target: np.ndarray[Any, np.dtype[np.uint8]] = buffer.native
         end = offset + source.size
 
         def copy() -> None:
             target[offset:end] = source
 
-        self._worker(stream).put(self._guarded(copy, f"write to {buffer!r}"))
+        guarded = self._guarded(copy, f"write to {buffer!r}")
+        if inline:  # nothing queued before it: in stream order already
+            guarded()
+        else:
+            worker.put(guarded)
 
     def _copy(
         self,
@@ -312,7 +322,12 @@ class CpuBackend(Backend):
         self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
     ) -> PendingRead:
         read = _CpuRead()
-        self._worker(stream).put(_ReadJob(self, read, buffer.native, offset, size))
+        job = _ReadJob(self, read, buffer.native, offset, size)
+        worker = self._worker(stream)
+        if size <= _INLINE_BYTES and worker.idle():
+            job()()  # nothing queued before it: in stream order already
+        else:
+            worker.put(job)
         return read
 
     def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None:
@@ -455,9 +470,13 @@ class CpuBackend(Backend):
     def _notify_when_stream_complete(
         self, stream: StreamHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
+        worker = self._worker(stream)
+        if worker.idle():  # its work has run: no round trip to its thread
+            callback(self.fault)
+            return ALREADY_FIRED
         completion = Completion()
         registration = completion.register(callback)
-        self._worker(stream).put(_StreamMarkJob(self, completion))
+        worker.put(_StreamMarkJob(self, completion))
         return registration
 
     def _destroy(self, obj: DeviceObject) -> None:
