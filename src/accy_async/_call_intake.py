@@ -45,6 +45,26 @@ class Intake:
             f"arg{index}" for index in range(document.pipeline.runtime_scalar_argument_count)
         )
         """The runtime scalars' names (``arg0``, ``arg1``, ... where the plan names none)."""
+        self._known = frozenset(self._names)
+        self._operand_labels = [
+            (f"operand {index} ({shape.name!r})", f"$.operands[{index}]")
+            for index, shape in enumerate(document.operands)
+        ]
+        """What an error calls each operand, and its path (made once, not per call)."""
+        self._result_labels = [
+            (f"result {index} ({shape.name!r})", f"$.out[{index}]")
+            for index, shape in enumerate(document.results)
+        ]
+        self._operand_dtypes = [_numpy_dtype(shape) for shape in document.operands]
+        self._sized_by = [
+            [
+                position
+                for position, shape in enumerate(document.operands)
+                if isinstance(shape.extent, Forward) and shape.extent.argument_index == index
+            ]
+            for index in range(len(self._names))
+        ]
+        """For each runtime scalar, the operands whose length it is."""
         self._resolutions: dict[
             tuple[tuple[type, Any], ...], tuple[Resolution, tuple[int, ...], tuple[int, ...]]
         ] = {}
@@ -60,8 +80,10 @@ class Intake:
                 path="$.operands",
             )
         return [
-            _checked(array, shape, f"operand {index} ({shape.name!r})", f"$.operands[{index}]")
-            for index, (array, shape) in enumerate(zip(operands, shapes, strict=True))
+            _checked(array, dtype, *label)
+            for array, dtype, label in zip(
+                operands, self._operand_dtypes, self._operand_labels, strict=True
+            )
         ]
 
     def scalars(
@@ -75,8 +97,8 @@ class Intake:
         A scalar is given by name, or is the length of an operand the plan sizes by it.
         """
         names = self._names
-        unknown = sorted(set(given) - set(names))
-        if unknown:
+        if given and not self._known.issuperset(given):
+            unknown = sorted(set(given) - self._known)
             raise LaunchArgumentMismatch(
                 f"no runtime scalar named {unknown[0]!r}; the plan has {', '.join(names)}",
                 path="$.runtime_scalar_arguments",
@@ -89,26 +111,26 @@ class Intake:
                     value = value.item()  # a NumPy scalar (x.mean(), len as np.int64)
                 values.append(value)  # type: ignore[arg-type]  # checked just below
                 continue
-            lengths = {
-                shape.name: array.size
-                for array, shape in zip(arrays, self.document.operands, strict=True)
-                if isinstance(shape.extent, Forward) and shape.extent.argument_index == index
-            }
-            if not lengths:
+            sized = self._sized_by[index]
+            if not sized:
                 raise LaunchArgumentMismatch(
                     f"runtime scalar {name!r} is not the length of an operand: pass {name}=...",
                     path=f"$.runtime_scalar_arguments[{index}]",
                 )
-            if len(set(lengths.values())) > 1:
-                described = ", ".join(f"{key} has {value}" for key, value in lengths.items())
+            length = arrays[sized[0]].size
+            if any(arrays[position].size != length for position in sized):
+                operands = self.document.operands
+                described = ", ".join(
+                    f"{operands[position].name} has {arrays[position].size}" for position in sized
+                )
                 raise LaunchArgumentMismatch(
                     f"operands sized by {name!r} differ in length ({described})",
                     path="$.operands",
                 )
-            length = next(iter(lengths.values()))
             if length == 0:
                 raise LaunchArgumentMismatch(
-                    f"operand {next(iter(lengths))!r} is empty", path="$.operands"
+                    f"operand {self.document.operands[sized[0]].name!r} is empty",
+                    path="$.operands",
                 )
             values.append(length)
         resolution, needs, counts = self._resolved(pool, values)
@@ -165,11 +187,10 @@ class Intake:
         if out is None:
             model = next((each for each in operands if isinstance(each, DeviceArray)), None)
             made: list[Array] = []
-            for index, (shape, count) in enumerate(zip(shapes, counts, strict=True)):
+            for shape, count, (what, path) in zip(shapes, counts, self._result_labels, strict=True):
                 if model is None:
                     made.append(np.empty(count, _numpy_dtype(shape)))
                     continue
-                what, path = f"result {index} ({shape.name!r})", f"$.out[{index}]"
                 dtype = _numpy_dtype(shape)
                 if isinstance(model.owner, DLPackView):  # no way to make one of their kind
                     buffer = backend.allocate_buffer(max(count * dtype.itemsize, 1))
@@ -188,9 +209,10 @@ class Intake:
                 f"out= has {len(given)} arrays, the plan has {len(shapes)} results", path="$.out"
             )
         checked = []
-        for index, (array, shape, count) in enumerate(zip(given, shapes, counts, strict=True)):
-            what, path = f"result {index} ({shape.name!r})", f"$.out[{index}]"
-            item = _checked(array, shape, what, path, out=True)
+        for array, shape, count, (what, path) in zip(
+            given, shapes, counts, self._result_labels, strict=True
+        ):
+            item = _checked(array, _numpy_dtype(shape), what, path)
             readonly = item.readonly if isinstance(item, DeviceArray) else not item.flags.writeable
             if readonly:
                 raise LaunchArgumentMismatch(f"{what}: the out= array is read-only", path=path)
@@ -215,16 +237,13 @@ def refuse_device_arrays(arrays: Sequence[Array], results: Sequence[Array]) -> N
                 )
 
 
-def _checked(
-    array: Any, shape: PipelineBuffer, what: str, path: str, *, out: bool = False
-) -> Array:
-    """A device array (its dtype checked), or a NumPy array (see :func:`_checked_array`)."""
+def _checked(array: Any, expected: np.dtype[Any], what: str, path: str) -> Array:
+    """A device array of dtype ``expected``, or a NumPy array (see :func:`_checked_array`)."""
     if isinstance(array, np.ndarray):
-        return _checked_array(array, shape, what, path)
+        return _checked_array(array, expected, what, path)
     device = device_array(array, what, path)
     if device is None:  # host memory offered through DLPack: a NumPy view of it
-        return _checked_array(cpu_array(array), shape, what, path)
-    expected = _numpy_dtype(shape)
+        return _checked_array(cpu_array(array), expected, what, path)
     if device.dtype != expected:
         raise LaunchArgumentMismatch(
             f"{what} holds {device.dtype}, the plan takes {expected}", path=path
@@ -236,8 +255,10 @@ def _numpy_dtype(shape: PipelineBuffer) -> np.dtype[Any]:
     return _NUMPY_DTYPES[shape.dtype]
 
 
-def _checked_array(array: Any, shape: PipelineBuffer, what: str, path: str) -> np.ndarray[Any, Any]:
-    """``array`` as a 1-D C-contiguous NumPy array of the shape's dtype, or a clear error."""
+def _checked_array(
+    array: Any, expected: np.dtype[Any], what: str, path: str
+) -> np.ndarray[Any, Any]:
+    """``array`` as a 1-D C-contiguous NumPy array of dtype ``expected``, or a clear error."""
     if not isinstance(array, np.ndarray):
         kind = type(array).__name__
         raise LaunchArgumentMismatch(
@@ -245,7 +266,6 @@ def _checked_array(array: Any, shape: PipelineBuffer, what: str, path: str) -> n
             "__cuda_array_interface__)",
             path=path,
         )
-    expected = _numpy_dtype(shape)
     if array.dtype != expected:
         raise LaunchArgumentMismatch(
             f"{what} holds {array.dtype}, the plan takes {expected} "

@@ -12,7 +12,15 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .backends import Backend, BufferHandle, EventHandle, StreamHandle
+from .backends import (
+    Access,
+    Backend,
+    BufferBinding,
+    BufferHandle,
+    EventHandle,
+    Ownership,
+    StreamHandle,
+)
 from .errors import AccyError
 from .interop import Lease
 from .pipeline import PipelineIntermediates, Resolution, allocate_pipeline_intermediates
@@ -23,6 +31,9 @@ __all__ = ["Lane"]
 _HELD_AT_MOST: Final = 64
 """Arrays and buffers a lane holds past their calls (released in one go) before it
 hands them on."""
+
+_EXTERNAL_KEPT: Final = 64
+"""Bindings of callers' memory a lane remembers (all forgotten at once past this)."""
 
 _QUERY_FROM: Final = 8
 """Held things below which a call does not ask whether the lane's last call is done."""
@@ -52,6 +63,7 @@ class Lane:
     held: list[BufferHandle] = field(default_factory=list)
     owners: list[Any] = field(default_factory=list)
     where: StreamHandle | None = None
+    external: dict[tuple[int, int, Access], BufferBinding] = field(default_factory=dict)
 
     def objects(self, backend: Backend) -> list[Any]:
         """What the lane owns but its stream, the held arrays as one object to release."""
@@ -119,6 +131,31 @@ class Lane:
             self.scratch = await allocate_pipeline_intermediates(
                 backend, pipeline, resolution.arguments
             )
+
+    def external_binding(
+        self, backend: Backend, address: int, byte_size: int, access: Access
+    ) -> BufferBinding:
+        """A binding of ``byte_size`` bytes of a caller's device memory at ``address``.
+
+        Not registered with the backend (the call checked the array, and the lane
+        keeps its owner referenced until the work is done); a binding only
+        describes the memory, so the next call on the same memory reuses it.
+        """
+        key = (address, byte_size, access)
+        binding = self.external.get(key)
+        if binding is None:
+            if len(self.external) >= _EXTERNAL_KEPT:
+                self.external.clear()
+            handle = BufferHandle(
+                backend.backend_id,
+                0,
+                None,
+                byte_size,
+                ownership=Ownership.EXTERNAL,
+                address=address,
+            )
+            binding = self.external[key] = handle.bind(access, byte_size=byte_size)
+        return binding
 
     def device_buffer(self, backend: Backend, key: tuple[str, int], byte_size: int) -> BufferHandle:
         """The device buffer ``key``, grown to ``byte_size`` (off the CPU).

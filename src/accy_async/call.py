@@ -42,10 +42,10 @@ from ._call_lane import Lane
 from ._loops import admit, checkpoint
 from .arrays import ArrayView
 from .backends import (
+    Access,
     Backend,
     BufferBinding,
     BufferHandle,
-    Ownership,
     StreamHandle,
     StreamLike,
 )
@@ -204,7 +204,10 @@ class PipelineCall:
         on_cpu = self.backend.kind == "cpu"
         if on_cpu:
             refuse_device_arrays(arrays, results)
-        await self._slots.acquire()
+        try:
+            self._slots.acquire_nowait()  # a free lane: no yield (the launch is the checkpoint)
+        except anyio.WouldBlock:
+            await self._slots.acquire()
         try:
             if self._closed_now():
                 raise LaunchArgumentMismatch(_CLOSED_BEFORE)
@@ -324,11 +327,9 @@ class PipelineCall:
         backend = self.backend
         owners: list[Any] = []
         try:
-            foreigners = _streams((*arrays, *results))  # results' memory may be in use there
-            direct = given is not None or (
-                len(foreigners) == 1
-                and all(isinstance(item, DeviceArray) for item in (*arrays, *results))
-            )
+            # The results' memory may be in use on their streams too.
+            foreigners, all_on_device = _foreign_streams(arrays, results)
+            direct = given is not None or (len(foreigners) == 1 and all_on_device)
             if given is not None:
                 stream = given
             elif direct:
@@ -343,27 +344,18 @@ class PipelineCall:
                     backend.follow_foreign_stream(stream, foreign)
             bindings = []
             for key, items in (("operand", arrays), ("result", results)):
-                access = "read_only" if key == "operand" else "read_write"
+                access: Access = "read_only" if key == "operand" else "read_write"
                 for index, item in enumerate(items):
                     size = max(item.nbytes, 1)
                     if isinstance(item, DeviceArray):
-                        # Not registered with the backend: the call checked it, and the lane
-                        # keeps its owner referenced until the work is done.
-                        handle = BufferHandle(
-                            backend.backend_id,
-                            0,
-                            None,
-                            size,
-                            ownership=Ownership.EXTERNAL,
-                            address=item.address,
-                        )
+                        bindings.append(lane.external_binding(backend, item.address, size, access))
                         owners.append(item.owner)
-                    else:
-                        handle = lane.device_buffer(backend, (key, index), size)
-                        if key == "operand" and item.nbytes:
-                            data = item.reshape(-1).view(np.uint8).data
-                            backend.write_buffer(handle, data, stream=stream)
-                    bindings.append(handle.bind(access, byte_size=size))  # type: ignore[arg-type]
+                        continue
+                    handle = lane.device_buffer(backend, (key, index), size)
+                    if key == "operand" and item.nbytes:
+                        data = item.reshape(-1).view(np.uint8).data
+                        backend.write_buffer(handle, data, stream=stream)
+                    bindings.append(handle.bind(access, byte_size=size))
             count = len(arrays)
             await self._enqueue(lane, stream, bindings[:count], bindings[count:], resolution)
             if not direct:
@@ -391,5 +383,22 @@ class PipelineCall:
 
 def _streams(items: Sequence[Array]) -> list[int]:
     """The distinct foreign streams of the device arrays among ``items``, in order."""
-    streams = (item.stream for item in items if isinstance(item, DeviceArray))
-    return list(dict.fromkeys(stream for stream in streams if stream is not None))
+    return _foreign_streams(items, ())[0]
+
+
+def _foreign_streams(*groups: Sequence[Array]) -> tuple[list[int], bool]:
+    """The distinct foreign streams of the device arrays in ``groups``, in order.
+
+    And whether every item is a device array.
+    """
+    streams: list[int] = []
+    all_on_device = True
+    for items in groups:
+        for item in items:
+            if not isinstance(item, DeviceArray):
+                all_on_device = False
+                continue
+            stream = item.stream
+            if stream is not None and stream not in streams:
+                streams.append(stream)
+    return streams, all_on_device

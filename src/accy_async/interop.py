@@ -26,9 +26,13 @@ from .errors import LaunchArgumentMismatch
 __all__ = ["DeviceArray", "Lease", "cpu_array", "device_array", "empty_like"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class DeviceArray:
-    """A contiguous 1-D array in device memory, owned by another library."""
+    """A contiguous 1-D array in device memory, owned by another library.
+
+    Read-only by convention (not frozen: a frozen dataclass's construction costs a
+    microsecond, and one is made per array per call).
+    """
 
     owner: Any
     """The caller's object: kept referenced while the device may use the memory."""
@@ -76,7 +80,7 @@ def device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
         return _dlpack_device_array(obj, what, path)
     except Exception as exc:  # PyTorch refuses tensors that require grad, for one
         raise LaunchArgumentMismatch(f"{what}: {exc}", path=path) from exc
-    dtype = np.dtype(interface["typestr"])
+    dtype = _dtype_of(interface["typestr"])
     shape = tuple(interface["shape"])
     if len(shape) != 1:
         raise LaunchArgumentMismatch(
@@ -88,13 +92,19 @@ def device_array(obj: Any, what: str, path: str) -> DeviceArray | None:
     address, readonly = interface["data"]
     stream = interface.get("stream")  # a PyTorch tensor never gets here: read above
     return DeviceArray(
-        owner=obj,
-        address=int(address),
-        dtype=dtype,
-        size=int(shape[0]),
-        readonly=bool(readonly),
-        stream=None if stream is None else int(stream),
+        obj,
+        int(address),
+        dtype,
+        int(shape[0]),
+        bool(readonly),
+        None if stream is None else int(stream),
     )
+
+
+@cache
+def _dtype_of(typestr: str) -> np.dtype[Any]:
+    """NumPy's element type for an interface's ``typestr`` (made once per string)."""
+    return np.dtype(typestr)
 
 
 def _torch_device_array(torch: Any, tensor: Any, what: str, path: str) -> DeviceArray:
