@@ -389,6 +389,35 @@ async def test_reads_are_anticipated_and_a_cancelled_one_keeps_its_staging_until
     cuda.destroy_all([slow, source, target, stream])
 
 
+async def test_writes_keep_their_staging_until_their_copies_land_and_wake_no_thread(
+    cuda: accy.Backend,
+) -> None:
+    """Writes queued behind a 50 ms kernel: each keeps its pinned block until its copy has
+    landed (the next writes take other blocks), and none asks the reactor to watch it."""
+    slow = await cuda.load_artifact(await cuda.create_artifact(spec(cuda, "slow_fill_f32")))
+    n = 1024
+    stream = cuda.create_stream()
+    scratch = cuda.allocate_buffer(4 * n)
+    targets = [cuda.allocate_buffer(4 * n) for _ in range(40)]  # past the sweep threshold
+    grid, block = grid_for(n)
+    cuda.launch(
+        slow,
+        [scratch.bind()],
+        [p.U32(n), p.F32(0.0), p.U64(50_000_000)],
+        accy.LaunchConfig(grid, block),
+        stream=stream,
+    )
+    values = np.empty(n, np.float32)
+    for index, target in enumerate(targets):
+        values[:] = index  # the caller reuses its array at once
+        cuda.write_buffer(target, values.view(np.uint8).data, stream=stream)
+    assert cuda.watched_completions == 0  # type: ignore[attr-defined]
+    for index, target in enumerate(targets):
+        got = await accy.download(cuda, target, np.float32, n, stream=stream)
+        np.testing.assert_array_equal(got, np.full(n, index, np.float32))
+    cuda.destroy_all([slow, scratch, *targets, stream])
+
+
 FAULT_SCRIPT = textwrap.dedent("""
     import anyio, sys, time
     sys.path.insert(0, {root!r})

@@ -272,17 +272,20 @@ class CudaBackend(Backend):
         self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
     ) -> None:
         size = data.nbytes
-        host, capacity = self._device_state.staging.take(size)
+        state = self._device_state
+        host, capacity = state.take_staging(size)
         ctypes.memmove(host, np.frombuffer(data, dtype=np.uint8).ctypes.data, size)
         d = driver()
-        self._results.check(
-            d.cuMemcpyHtoDAsync(buffer.address + offset, host, size, stream.native),
-            "copying to the device",
-        )
-        self._device_state.ledger(stream).enqueue(self._copy_costs["copy to the device"], size)
-        self._notify_when_stream_complete(
-            stream, lambda error: self._device_state.staging.give_back(host, capacity)
-        )
+        try:
+            self._results.check(
+                d.cuMemcpyHtoDAsync(buffer.address + offset, host, size, stream.native),
+                "copying to the device",
+            )
+        except BaseException:
+            state.staging.give_back(host, capacity)  # nothing was queued from it
+            raise
+        state.ledger(stream).enqueue(self._copy_costs["copy to the device"], size)
+        state.stage_until_copied(stream, host, capacity)
 
     def _copy(
         self,
@@ -307,7 +310,7 @@ class CudaBackend(Backend):
     def _enqueue_read(
         self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
     ) -> PendingRead:
-        host, capacity = self._device_state.staging.take(size)
+        host, capacity = self._device_state.take_staging(size)
         d = driver()
         try:
             if size:
@@ -598,6 +601,7 @@ class CudaBackend(Backend):
                 ResourceWarning,
                 stacklevel=3,
             )
+        self._device_state.release_staged()
         self._device_state.staging.release_all()
         self._device_state.trace_clock.close()
         d.cuStreamDestroy(self._default_native)

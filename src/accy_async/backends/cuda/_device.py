@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["DeviceState", "DriverResults", "Record"]
 
 _MARKER_POOL_SIZE = 1024
+_SWEEP_STAGED_FROM = 32
+"""Staged writes in flight from which taking staging memory queries them all, not only the
+oldest (one slow stream would otherwise keep the blocks of every other in flight)."""
 
 
 class Record:
@@ -108,6 +112,7 @@ class DeviceState(DriverResults):
         "owner",
         "reactor",
         "records",
+        "staged",
         "staging",
         "success",
         "trace_clock",
@@ -138,6 +143,9 @@ class DeviceState(DriverResults):
         """Each event's latest record, by the event handle's id."""
         self.janitor = Janitor(context)
         self.staging = Staging(self.janitor)
+        self.staged: deque[tuple[Any, int, int]] = deque()
+        """Staging blocks of queued host-to-device copies, each with the marker recorded
+        after its copy, oldest first (see :meth:`stage_until_copied`)."""
         self.reactor = CompletionReactor(context, poison, poll_interval=poll_interval)
         self._markers: list[Any] = []
         self._markers_lock = threading.Lock()
@@ -167,6 +175,56 @@ class DeviceState(DriverResults):
         record = self.records.get(event.id)
         if record is not None:
             self.ledgers[stream.id].enqueue_wait(record.ledger, record.position)
+
+    # ----- staging memory ------------------------------------------------------------------
+
+    def take_staging(self, size: int) -> tuple[int, int]:
+        """A pinned block for ``size`` bytes, ``(pointer, capacity)``.
+
+        The blocks of copies that have landed go back to the pool first.
+        """
+        if self.staged:
+            self._reclaim_staged()
+        return self.staging.take(size)
+
+    def stage_until_copied(self, stream: StreamHandle, host: int, capacity: int) -> None:
+        """Give ``host`` back to the pool once the copy just queued on ``stream`` has landed.
+
+        A marker is recorded after the copy and queried the next time staging
+        memory is taken: no thread is woken for it.
+        """
+        marker = self.take_marker()
+        (result,) = driver().cuEventRecord(marker, stream.native)
+        if int(result):  # the copy's fate is unknown: its block is freed with the pool
+            self.recycle_marker(marker)
+            self.fail(result, "recording a marker")
+        self.staged.append((marker, host, capacity))
+
+    def _reclaim_staged(self) -> None:
+        staged, query, success = self.staged, driver().cuEventQuery, self.success
+        while staged:
+            (result,) = query(staged[0][0])
+            if result != success:
+                break
+            marker, host, capacity = staged.popleft()
+            self.recycle_marker(marker)
+            self.staging.give_back(host, capacity)
+        if len(staged) >= _SWEEP_STAGED_FROM:
+            waiting: deque[tuple[Any, int, int]] = deque()
+            for marker, host, capacity in staged:
+                if query(marker)[0] == success:
+                    self.recycle_marker(marker)
+                    self.staging.give_back(host, capacity)
+                else:
+                    waiting.append((marker, host, capacity))
+            self.staged = waiting
+
+    def release_staged(self) -> None:
+        """Every staged block back to the pool (the backend drained its streams, or died)."""
+        staged, self.staged = self.staged, deque()
+        for marker, host, capacity in staged:
+            self.recycle_marker(marker)
+            self.staging.give_back(host, capacity)
 
     # ----- markers -------------------------------------------------------------------------
 
