@@ -32,8 +32,11 @@ after a few completions; one that always takes as long, after one.
 
 Sightings cost a waiter nothing: :meth:`Ledger.sighted` queues them (from
 any thread: the loop's polls, the CUDA reactor's), and they are folded in on
-the loop's thread the next time the ledger is used, after the waiter has
-resumed. A model that already predicts within 1.5% skips most updates.
+the loop's thread the next time the ledger is forecast, which is after the
+next work was launched: learning runs while the device does, not between a
+task's launches (past :data:`_FOLD_AT` queued sightings, a launch folds
+them). Folding several at once learns from the narrow ones and the newest
+only. A model that already predicts within 1.5% skips most updates.
 
 The cost models (:class:`CostModel`, :class:`Forecast`) live in
 :mod:`._cost_models`; this module keeps the ledgers and re-exports them.
@@ -73,6 +76,9 @@ _LEDGER_LIMIT: Final = 4096
 
 _TRIM_PIECE: Final = 64
 """Items a trim looks at together: the ledger is dropped in pieces this long at most."""
+
+_FOLD_AT: Final = 32
+"""Sightings a ledger queues before a launch folds them (else a forecast does)."""
 
 _LEARN_FROM_AT_MOST: Final = 64
 """Longer runs of work seen complete are forgotten unlearned: learning costs as much as they."""
@@ -128,7 +134,7 @@ class Ledger:
 
     def enqueue(self, model: CostModel, arguments: Any) -> None:
         """Note a launch (or copy, fill) just enqueued; ``model.features(arguments)`` sizes it."""
-        if self.sightings:
+        if len(self.sightings) >= _FOLD_AT:
             self._fold_sightings()
         items = self.items
         items.append((model, arguments, time.perf_counter()))
@@ -216,17 +222,20 @@ class Ledger:
 
     # ----- what was seen -------------------------------------------------------------------
 
-    def completed(self, position: int, pending_at: float | None, seen_at: float) -> None:
+    def completed(
+        self, position: int, pending_at: float | None, seen_at: float, *, learn: bool = True
+    ) -> None:
         """The first ``position`` items were seen complete at ``seen_at`` (see :meth:`sighted`).
 
-        Learns from the burst that ended there, then forgets the items. Call
-        it on the loop's thread, with the sightings queued before it folded.
+        Learns from the burst that ended there (unless not ``learn``), then
+        forgets the items. Call it on the loop's thread, with the sightings
+        queued before it folded.
         """
         count = position - self.first
         if count <= 0:
             return
         narrow = False
-        if count <= _LEARN_FROM_AT_MOST:
+        if learn and count <= _LEARN_FROM_AT_MOST:
             narrow = self._learn_from(count, pending_at, seen_at)
         del self.items[:count]
         self.first = position
@@ -234,7 +243,9 @@ class Ledger:
             assert pending_at is not None
             self.start, self.start_known = (pending_at + seen_at) / 2, True
         else:
-            self.start, self.start_known = seen_at, not self.items
+            # Work enqueued after the sighting found the device past it: its start is known.
+            items = self.items
+            self.start, self.start_known = seen_at, not items or items[0][2] >= seen_at
 
     def _learn_from(self, count: int, pending_at: float | None, seen_at: float) -> bool:
         """Learn from the burst that ended the first ``count`` items; whether it was measured."""
@@ -280,10 +291,15 @@ class Ledger:
         while sightings:
             position, pending_at, seen_at = sightings.popleft()
             if position > self.first:
-                self.completed(position, pending_at, seen_at)
+                # A coarse sighting with a newer one behind it brackets little: skip its lesson.
+                narrow = pending_at is not None and seen_at - pending_at <= _MEASURED_WITHIN
+                learn = narrow or not sightings
+                self.completed(position, pending_at, seen_at, learn=learn)
 
     def _trim(self) -> None:
         """Drop what is predicted to have ended over a millisecond ago (or the oldest half)."""
+        if self.sightings:
+            self._fold_sightings()
         now = time.perf_counter()
         end = self.start
         keep_from = 0
