@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio.lowlevel
 import msgspec
 
 from accy_async import (
@@ -201,6 +202,14 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             "cuEventRecord x2 of a timing event (a traced launch's device-time floor)"
         ] = await paired_us(raw, two_records, sync, repeat)
         d.cuEventDestroy(timing_event)
+
+        async def checkpoints() -> None:
+            for _ in range(BATCH):
+                await anyio.lowlevel.checkpoint()
+
+        rows[
+            "await anyio.lowlevel.checkpoint() alone (every async launch is a checkpoint)"
+        ] = await paired_us(raw, checkpoints, sync, repeat)
 
         entry = p.RegistryEntry(
             target="bench.empty",
