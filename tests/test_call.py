@@ -199,6 +199,24 @@ async def test_a_cancelled_call_returns_at_once_and_loses_nothing(
     assert _leftovers(cpu_backend) == before
 
 
+async def test_a_call_cancelled_before_it_starts_takes_no_lane(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    """In a scope cancelled already, a call is a cancellation point and nothing more: no lane
+    (a stream, a thread on the CPU) is taken and given up."""
+    x = np.ones(1000, np.float32)
+    async with accy.open_pipeline("prefix_sum_f32", backend=cpu_backend) as scan:
+        await scan(x)
+        streams = sum(kind == "stream" for kind in cpu_backend.live_objects().values())
+        for _ in range(20):
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await scan(x)
+            assert scope.cancelled_caught
+        after = sum(kind == "stream" for kind in cpu_backend.live_objects().values())
+        assert after == streams
+
+
 async def test_a_closed_call_refuses_and_a_plan_without_shapes_is_refused(
     cpu_backend: accy.CpuBackend,
 ) -> None:

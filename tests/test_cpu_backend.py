@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
 import anyio
 import numpy as np
 import pytest
@@ -228,3 +232,26 @@ async def test_idle_streams_are_read_written_and_awaited_without_a_trip_to_their
     after = backend.enqueue_read(buffer, stream=stream)
     assert np.frombuffer(await accy.wait_read(after), np.float32).tolist() == [-1.0] * 8
     backend.destroy_all([slow, buffer, stream])
+
+
+async def test_a_wait_on_a_stream_whose_last_completion_is_still_firing_waits_for_it(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    """The worker counts an operation finished before its completion step runs (an event's
+    record, a read's data); an idle-stream shortcut must wait for that step too."""
+    backend = cpu_backend
+    stream = backend.create_stream()
+    fired = threading.Event()
+
+    def operation() -> Callable[[], None]:
+        def then() -> None:  # the completion step, slow
+            time.sleep(0.2)
+            fired.set()
+
+        return then
+
+    backend._worker(stream).put(operation)
+    await anyio.sleep(0.05)  # the worker has counted it finished and is in its completion step
+    await accy.wait_stream(backend, stream)
+    assert fired.is_set()
+    backend.destroy(stream)

@@ -412,10 +412,17 @@ async def test_writes_keep_their_staging_until_their_copies_land_and_wake_no_thr
         values[:] = index  # the caller reuses its array at once
         cuda.write_buffer(target, values.view(np.uint8).data, stream=stream)
     assert cuda.watched_completions == 0  # type: ignore[attr-defined]
+    # Another stream's blocks come back while these 40 still wait behind the kernel.
+    state = cuda._device_state  # type: ignore[attr-defined]
+    other, spare = cuda.create_stream(), cuda.allocate_buffer(4 * n)
+    cuda.write_buffer(spare, values.view(np.uint8).data, stream=other)
+    await accy.wait_stream(cuda, other)
+    cuda.write_buffer(spare, values.view(np.uint8).data, stream=other)
+    assert len(state.staged[other.id]) == 1 and len(state.staged[stream.id]) == 40
     for index, target in enumerate(targets):
         got = await accy.download(cuda, target, np.float32, n, stream=stream)
         np.testing.assert_array_equal(got, np.full(n, index, np.float32))
-    cuda.destroy_all([slow, scratch, *targets, stream])
+    cuda.destroy_all([slow, scratch, spare, *targets, stream, other])
 
 
 FAULT_SCRIPT = textwrap.dedent("""

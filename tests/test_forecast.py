@@ -324,6 +324,23 @@ def test_a_launch_leaves_sightings_to_the_next_forecast_which_learns_from_the_te
     assert model.samples >= 1
 
 
+def test_a_sighting_narrow_for_its_burst_teaches_with_a_newer_one_behind_it(
+    clock: Clock,
+) -> None:
+    """Narrow is judged as the learner judges it (within 4% of a long burst), not 30 us."""
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    end = clock.now + LAUNCH_LATENCY + 2e-3
+    ledger.sighted(1, end - 25e-6, end + 25e-6)  # a 2 ms kernel, bracketed within 50 us
+    clock.now = end + 1e-3
+    ledger.enqueue(model, launch(1))
+    ledger.sighted(2, None, clock.now + 3e-3)  # coarse, and newer
+    ledger.anticipate(ledger.position)
+    predicted = model.predict(launch(1))
+    assert predicted is not None and predicted == pytest.approx(2e-3, rel=0.05)  # A's lesson
+
+
 def test_an_accurate_model_refits_only_now_and_then() -> None:
     model = CostModel("k", launch_features)
     for _ in range(40):

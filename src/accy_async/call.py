@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 
 from ._call_intake import Array, Intake, refuse_device_arrays
@@ -204,8 +205,11 @@ class PipelineCall:
         on_cpu = self.backend.kind == "cpu"
         if on_cpu:
             refuse_device_arrays(arrays, results)
+        # A free lane is taken without a yield (the launch is the checkpoint), but not by a
+        # call cancelled already: it would give the lane up with its stream.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         try:
-            self._slots.acquire_nowait()  # a free lane: no yield (the launch is the checkpoint)
+            self._slots.acquire_nowait()
         except anyio.WouldBlock:
             await self._slots.acquire()
         try:

@@ -26,12 +26,13 @@ from .errors import LaunchArgumentMismatch
 __all__ = ["DeviceArray", "Lease", "cpu_array", "device_array", "empty_like"]
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, unsafe_hash=True)
 class DeviceArray:
     """A contiguous 1-D array in device memory, owned by another library.
 
-    Read-only by convention (not frozen: a frozen dataclass's construction costs a
-    microsecond, and one is made per array per call).
+    Compared and hashed by its fields, as a value; treat it as read-only (it is
+    not frozen: a frozen dataclass costs a microsecond to build, and a call
+    builds one per array).
     """
 
     owner: Any

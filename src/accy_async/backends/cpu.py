@@ -89,15 +89,18 @@ class _Worker:
     Only the backend's caller enqueues (``enqueued``) and only the thread
     finishes (``finished``), so comparing the two never needs a lock. An
     operation may return a callable: it runs after ``finished`` counts the
-    operation, so whoever it wakes sees the stream's progress.
+    operation, so whoever it wakes sees the stream's progress; ``settled``
+    counts the operation once that callable has run too (an event recorded, a
+    read filled).
     """
 
-    __slots__ = ("enqueued", "finished", "queue", "thread")
+    __slots__ = ("enqueued", "finished", "queue", "settled", "thread")
 
     def __init__(self, name: str) -> None:
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.enqueued = 0
         self.finished = 0
+        self.settled = 0
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -107,6 +110,10 @@ class _Worker:
 
     def idle(self) -> bool:
         return self.finished == self.enqueued
+
+    def settled_all(self) -> bool:
+        """Whether everything enqueued has run, its completions fired (events, reads) too."""
+        return self.settled == self.enqueued
 
     def stop(self) -> None:
         self.queue.put(_STOP)
@@ -121,6 +128,7 @@ class _Worker:
             self.finished += 1
             if then is not None:
                 then()
+            self.settled += 1
             if not self.finished % _YIELD_EVERY:
                 # Let other threads (the event loop above all) take the GIL between
                 # long runs of small operations, such as thousands of event records.
@@ -284,7 +292,7 @@ class CpuBackend(Backend):
         self, buffer: BufferHandle, data: memoryview, offset: int, stream: StreamHandle
     ) -> None:
         worker = self._worker(stream)
-        inline = data.nbytes <= _INLINE_BYTES and worker.idle()
+        inline = data.nbytes <= _INLINE_BYTES and worker.settled_all()
         # Queued, the bytes are copied first: the caller may reuse ``data`` at once.
         source = np.frombuffer(data if inline else bytes(data), dtype=np.uint8)
         target: np.ndarray[Any, np.dtype[np.uint8]] = buffer.native
@@ -324,7 +332,7 @@ class CpuBackend(Backend):
         read = _CpuRead()
         job = _ReadJob(self, read, buffer.native, offset, size)
         worker = self._worker(stream)
-        if size <= _INLINE_BYTES and worker.idle():
+        if size <= _INLINE_BYTES and worker.settled_all():
             job()()  # nothing queued before it: in stream order already
         else:
             worker.put(job)
@@ -471,7 +479,7 @@ class CpuBackend(Backend):
         self, stream: StreamHandle, callback: CompletionCallback
     ) -> CompletionRegistration:
         worker = self._worker(stream)
-        if worker.idle():  # its work has run: no round trip to its thread
+        if worker.settled_all():  # its work has run: no round trip to its thread
             callback(self.fault)
             return ALREADY_FIRED
         completion = Completion()

@@ -223,20 +223,25 @@ class Ledger:
     # ----- what was seen -------------------------------------------------------------------
 
     def completed(
-        self, position: int, pending_at: float | None, seen_at: float, *, learn: bool = True
+        self,
+        position: int,
+        pending_at: float | None,
+        seen_at: float,
+        *,
+        coarse_lessons: bool = True,
     ) -> None:
         """The first ``position`` items were seen complete at ``seen_at`` (see :meth:`sighted`).
 
-        Learns from the burst that ended there (unless not ``learn``), then
-        forgets the items. Call it on the loop's thread, with the sightings
-        queued before it folded.
+        Learns from the burst that ended there (a sighting too coarse to
+        measure it only when ``coarse_lessons``), then forgets the items. Call
+        it on the loop's thread, with the sightings queued before it folded.
         """
         count = position - self.first
         if count <= 0:
             return
         narrow = False
-        if learn and count <= _LEARN_FROM_AT_MOST:
-            narrow = self._learn_from(count, pending_at, seen_at)
+        if count <= _LEARN_FROM_AT_MOST and (coarse_lessons or pending_at is not None):
+            narrow = self._learn_from(count, pending_at, seen_at, coarse_lessons)
         del self.items[:count]
         self.first = position
         if narrow:
@@ -247,8 +252,13 @@ class Ledger:
             items = self.items
             self.start, self.start_known = seen_at, not items or items[0][2] >= seen_at
 
-    def _learn_from(self, count: int, pending_at: float | None, seen_at: float) -> bool:
-        """Learn from the burst that ended the first ``count`` items; whether it was measured."""
+    def _learn_from(
+        self, count: int, pending_at: float | None, seen_at: float, coarse_lessons: bool = True
+    ) -> bool:
+        """Learn from the burst that ended the first ``count`` items; whether it was measured.
+
+        A sighting too coarse to measure it teaches only when ``coarse_lessons``.
+        """
         bursts = _bursts(self.items[:count])
         last = bursts[-1]
         narrow = False
@@ -259,7 +269,8 @@ class Ledger:
                     _MEASURED_WITHIN, 0.04 * (seen_at - begin)
                 )
                 lower = 0.0 if pending_at is None else pending_at - begin
-                self._learn(last, lower, seen_at - begin, narrow)
+                if narrow or coarse_lessons:
+                    self._learn(last, lower, seen_at - begin, narrow)
         return narrow
 
     def _begin_of(self, bursts: list[list[Item]]) -> float | None:
@@ -292,9 +303,7 @@ class Ledger:
             position, pending_at, seen_at = sightings.popleft()
             if position > self.first:
                 # A coarse sighting with a newer one behind it brackets little: skip its lesson.
-                narrow = pending_at is not None and seen_at - pending_at <= _MEASURED_WITHIN
-                learn = narrow or not sightings
-                self.completed(position, pending_at, seen_at, learn=learn)
+                self.completed(position, pending_at, seen_at, coarse_lessons=not sightings)
 
     def _trim(self) -> None:
         """Drop what is predicted to have ended over a millisecond ago (or the oldest half)."""

@@ -592,6 +592,8 @@ class CudaBackend(Backend):
 
     def _close(self) -> None:
         d = driver()
+        # Before the janitor stops: a block the pool has no room for is freed on its thread.
+        self._device_state.release_staged()
         self._device_state.reactor.close()
         self._device_state.janitor.close()
         if self._device_state.janitor.failures:
@@ -601,7 +603,6 @@ class CudaBackend(Backend):
                 ResourceWarning,
                 stacklevel=3,
             )
-        self._device_state.release_staged()
         self._device_state.staging.release_all()
         self._device_state.trace_clock.close()
         d.cuStreamDestroy(self._default_native)

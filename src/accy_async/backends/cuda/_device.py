@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["DeviceState", "DriverResults", "Record"]
 
 _MARKER_POOL_SIZE = 1024
-_SWEEP_STAGED_FROM = 32
-"""Staged writes in flight from which taking staging memory queries them all, not only the
-oldest (one slow stream would otherwise keep the blocks of every other in flight)."""
 
 
 class Record:
@@ -114,6 +111,7 @@ class DeviceState(DriverResults):
         "records",
         "staged",
         "staging",
+        "stranded",
         "success",
         "trace_clock",
     )
@@ -143,9 +141,11 @@ class DeviceState(DriverResults):
         """Each event's latest record, by the event handle's id."""
         self.janitor = Janitor(context)
         self.staging = Staging(self.janitor)
-        self.staged: deque[tuple[Any, int, int]] = deque()
-        """Staging blocks of queued host-to-device copies, each with the marker recorded
-        after its copy, oldest first (see :meth:`stage_until_copied`)."""
+        self.staged: dict[int, deque[tuple[Any, int, int]]] = {}
+        """Per stream (by handle id), the staging blocks of its queued host-to-device
+        copies, each with the marker recorded after its copy, oldest first."""
+        self.stranded: list[tuple[int, int]] = []
+        """Staging blocks whose marker could not be recorded: pooled when the backend closes."""
         self.reactor = CompletionReactor(context, poison, poll_interval=poll_interval)
         self._markers: list[Any] = []
         self._markers_lock = threading.Lock()
@@ -191,39 +191,53 @@ class DeviceState(DriverResults):
         """Give ``host`` back to the pool once the copy just queued on ``stream`` has landed.
 
         A marker is recorded after the copy and queried the next time staging
-        memory is taken: no thread is woken for it.
+        memory is taken: no thread is woken for it. Should the record fail,
+        the block is kept until the backend closes (the copy may still read it).
         """
-        marker = self.take_marker()
+        try:
+            marker = self.take_marker()
+        except BaseException:
+            self.stranded.append((host, capacity))
+            raise
         (result,) = driver().cuEventRecord(marker, stream.native)
-        if int(result):  # the copy's fate is unknown: its block is freed with the pool
+        if int(result):
             self.recycle_marker(marker)
+            self.stranded.append((host, capacity))
             self.fail(result, "recording a marker")
-        self.staged.append((marker, host, capacity))
+        queued = self.staged.get(stream.id)
+        if queued is None:
+            queued = self.staged[stream.id] = deque()
+        queued.append((marker, host, capacity))
 
     def _reclaim_staged(self) -> None:
-        staged, query, success = self.staged, driver().cuEventQuery, self.success
-        while staged:
-            (result,) = query(staged[0][0])
-            if result != success:
-                break
-            marker, host, capacity = staged.popleft()
-            self.recycle_marker(marker)
-            self.staging.give_back(host, capacity)
-        if len(staged) >= _SWEEP_STAGED_FROM:
-            waiting: deque[tuple[Any, int, int]] = deque()
-            for marker, host, capacity in staged:
-                if query(marker)[0] == success:
-                    self.recycle_marker(marker)
-                    self.staging.give_back(host, capacity)
-                else:
-                    waiting.append((marker, host, capacity))
-            self.staged = waiting
+        """Pool the blocks of landed copies, each stream's oldest first.
+
+        One stream's markers complete in order, so a busy stream holds back only its own.
+        """
+        query, success, not_ready = driver().cuEventQuery, self.success, self.not_ready
+        for stream_id, queued in list(self.staged.items()):
+            while queued:
+                marker, host, capacity = queued[0]
+                (result,) = query(marker)
+                if result != success:
+                    if result != not_ready:
+                        self.fail(result, "querying a copy's marker")
+                    break
+                queued.popleft()
+                self.recycle_marker(marker)
+                self.staging.give_back(host, capacity)
+            if not queued:
+                del self.staged[stream_id]
 
     def release_staged(self) -> None:
         """Every staged block back to the pool (the backend drained its streams, or died)."""
-        staged, self.staged = self.staged, deque()
-        for marker, host, capacity in staged:
-            self.recycle_marker(marker)
+        staged, self.staged = self.staged, {}
+        stranded, self.stranded = self.stranded, []
+        for queued in staged.values():
+            for marker, host, capacity in queued:
+                self.recycle_marker(marker)
+                self.staging.give_back(host, capacity)
+        for host, capacity in stranded:
             self.staging.give_back(host, capacity)
 
     # ----- markers -------------------------------------------------------------------------
