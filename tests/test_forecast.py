@@ -300,30 +300,6 @@ def test_thousands_of_queued_sightings_fold_in_one_go(clock: Clock) -> None:
     assert ledger.first == 1
 
 
-def test_a_launch_leaves_sightings_to_the_next_forecast_which_learns_from_the_telling_ones(
-    clock: Clock,
-) -> None:
-    """Learning runs while the device works (at the forecast after a launch), not between a
-    task's launches; of several sightings queued, the narrow ones and the newest teach."""
-    ledger = Ledger(Forecast())
-    model = ledger.forecast.model("k", "k")
-    for position in range(1, 5):
-        ledger.enqueue(model, launch(1))
-        clock.now += 1e-3
-        ledger.sighted(position, None, clock.now)  # coarse: never seen pending
-    assert len(ledger.sightings) == 4 and model.samples == 0  # the launches folded nothing
-    ledger.enqueue(model, launch(1))
-    clock.now += 1e-3
-    ledger.sighted(5, clock.now - 5e-6, clock.now)  # narrow: pending 5 us before
-    ledger.enqueue(model, launch(1))
-    clock.now += 1e-3
-    ledger.sighted(6, None, clock.now)  # coarse, and the newest
-    ledger.anticipate(ledger.position)
-    assert not ledger.sightings and ledger.first == 6
-    assert model.samples + model.checked <= 2  # the narrow one and the newest, not all six
-    assert model.samples >= 1
-
-
 def test_a_sighting_narrow_for_its_burst_teaches_with_a_newer_one_behind_it(
     clock: Clock,
 ) -> None:

@@ -255,18 +255,16 @@ class CostModel:
 
 def _burst_features(burst: Sequence[Item]) -> tuple[float, ...]:
     """A burst's features: per kernel of the burst (in order), the sums of its items' features."""
-    sums: list[float] = []
-    starts: dict[Any, int] = {}  # each kernel's model (hashed by identity): where its sums start
+    sums: dict[int, list[float]] = {}
     for model, arguments, _ in burst:
         features = model.features(arguments)
-        start = starts.get(model)
-        if start is None:
-            starts[model] = len(sums)
-            sums.extend(features)
+        total = sums.get(id(model))
+        if total is None:
+            sums[id(model)] = list(features)
         else:
-            for index, value in enumerate(features, start):
-                sums[index] += value
-    return tuple(sums)
+            for index, value in enumerate(features):
+                total[index] += value
+    return tuple(value for total in sums.values() for value in total)
 
 
 class Forecast:

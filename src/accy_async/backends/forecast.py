@@ -32,11 +32,8 @@ after a few completions; one that always takes as long, after one.
 
 Sightings cost a waiter nothing: :meth:`Ledger.sighted` queues them (from
 any thread: the loop's polls, the CUDA reactor's), and they are folded in on
-the loop's thread the next time the ledger is forecast, which is after the
-next work was launched: learning runs while the device does, not between a
-task's launches (past :data:`_FOLD_AT` queued sightings, a launch folds
-them). Folding several at once learns from the narrow ones and the newest
-only. A model that already predicts within 1.5% skips most updates.
+the loop's thread the next time the ledger is used, after the waiter has
+resumed. A model that already predicts within 1.5% skips most updates.
 
 The cost models (:class:`CostModel`, :class:`Forecast`) live in
 :mod:`._cost_models`; this module keeps the ledgers and re-exports them.
@@ -76,9 +73,6 @@ _LEDGER_LIMIT: Final = 4096
 
 _TRIM_PIECE: Final = 64
 """Items a trim looks at together: the ledger is dropped in pieces this long at most."""
-
-_FOLD_AT: Final = 32
-"""Sightings a ledger queues before a launch folds them (else a forecast does)."""
 
 _LEARN_FROM_AT_MOST: Final = 64
 """Longer runs of work seen complete are forgotten unlearned: learning costs as much as they."""
@@ -134,7 +128,7 @@ class Ledger:
 
     def enqueue(self, model: CostModel, arguments: Any) -> None:
         """Note a launch (or copy, fill) just enqueued; ``model.features(arguments)`` sizes it."""
-        if len(self.sightings) >= _FOLD_AT:
+        if self.sightings:
             self._fold_sightings()
         items = self.items
         items.append((model, arguments, time.perf_counter()))
@@ -222,43 +216,28 @@ class Ledger:
 
     # ----- what was seen -------------------------------------------------------------------
 
-    def completed(
-        self,
-        position: int,
-        pending_at: float | None,
-        seen_at: float,
-        *,
-        coarse_lessons: bool = True,
-    ) -> None:
+    def completed(self, position: int, pending_at: float | None, seen_at: float) -> None:
         """The first ``position`` items were seen complete at ``seen_at`` (see :meth:`sighted`).
 
-        Learns from the burst that ended there (a sighting too coarse to
-        measure it only when ``coarse_lessons``), then forgets the items. Call
+        Learns from the burst that ended there, then forgets the items. Call
         it on the loop's thread, with the sightings queued before it folded.
         """
         count = position - self.first
         if count <= 0:
             return
         narrow = False
-        if count <= _LEARN_FROM_AT_MOST and (coarse_lessons or pending_at is not None):
-            narrow = self._learn_from(count, pending_at, seen_at, coarse_lessons)
+        if count <= _LEARN_FROM_AT_MOST:
+            narrow = self._learn_from(count, pending_at, seen_at)
         del self.items[:count]
         self.first = position
         if narrow:
             assert pending_at is not None
             self.start, self.start_known = (pending_at + seen_at) / 2, True
         else:
-            # Work enqueued after the sighting found the device past it: its start is known.
-            items = self.items
-            self.start, self.start_known = seen_at, not items or items[0][2] >= seen_at
+            self.start, self.start_known = seen_at, not self.items
 
-    def _learn_from(
-        self, count: int, pending_at: float | None, seen_at: float, coarse_lessons: bool = True
-    ) -> bool:
-        """Learn from the burst that ended the first ``count`` items; whether it was measured.
-
-        A sighting too coarse to measure it teaches only when ``coarse_lessons``.
-        """
+    def _learn_from(self, count: int, pending_at: float | None, seen_at: float) -> bool:
+        """Learn from the burst that ended the first ``count`` items; whether it was measured."""
         bursts = _bursts(self.items[:count])
         last = bursts[-1]
         narrow = False
@@ -269,8 +248,7 @@ class Ledger:
                     _MEASURED_WITHIN, 0.04 * (seen_at - begin)
                 )
                 lower = 0.0 if pending_at is None else pending_at - begin
-                if narrow or coarse_lessons:
-                    self._learn(last, lower, seen_at - begin, narrow)
+                self._learn(last, lower, seen_at - begin, narrow)
         return narrow
 
     def _begin_of(self, bursts: list[list[Item]]) -> float | None:
@@ -302,13 +280,10 @@ class Ledger:
         while sightings:
             position, pending_at, seen_at = sightings.popleft()
             if position > self.first:
-                # A coarse sighting with a newer one behind it brackets little: skip its lesson.
-                self.completed(position, pending_at, seen_at, coarse_lessons=not sightings)
+                self.completed(position, pending_at, seen_at)
 
     def _trim(self) -> None:
         """Drop what is predicted to have ended over a millisecond ago (or the oldest half)."""
-        if self.sightings:
-            self._fold_sightings()
         now = time.perf_counter()
         end = self.start
         keep_from = 0
