@@ -18,7 +18,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from accy_async.ray import PipelineActor, PipelineActorImpl, Router  # noqa: E402
+import accy_async as accy  # noqa: E402
+from accy_async.ray import PipelineActor, PipelineActorImpl, Resident, Router  # noqa: E402
 from accy_async.testing import assert_checkpoint  # noqa: E402
 
 from .conftest import GPU_AVAILABLE, needs_gpu  # noqa: E402
@@ -155,6 +156,7 @@ async def test_cuda_actors_answer_right_and_lose_nothing_when_one_is_killed(clus
     assert sorted(answers) == list(range(1000)) and set(answers.values()) == {1}
     assert router.alive == 1
     assert await _close(actors[1:]) == [0]
+    ray.kill(actors[1])  # its share of the GPU back for the next test
 
 
 async def test_a_cancelled_caller_leaves_no_work_running(cluster: None) -> None:
@@ -183,3 +185,87 @@ async def test_a_retried_request_id_is_answered_from_its_record() -> None:
     for method in (actor.warm_plans, actor.in_flight, actor.served_count):
         await assert_checkpoint(method)
     assert await actor.close() == 0
+
+
+async def test_kept_results_chain_on_the_actor_without_moving_data() -> None:
+    """The actor's own bookkeeping, without Ray: kept results as operands, fetched, released;
+    a plan document and a device graph beside built-in names."""
+    actor = PipelineActorImpl("cpu")
+    x = np.arange(1000, dtype=np.float32) % 7
+    expected = np.cumsum(x, dtype=np.float64)
+    (kept,) = await actor.call("r1", "prefix_sum_f32", [x], keep=True)
+    assert isinstance(kept, Resident) and kept.size == 1000 and kept.holder == actor.identity
+    (y,) = await actor.call("r2", "saxpy_f32", [kept, x], {"a": 2.0})
+    np.testing.assert_allclose(y, 2 * expected + x, rtol=1e-5)
+    (z,) = await actor.call("r3", "saxpy_f32", [kept, kept], {"a": 1.0}, keep=True)
+    (back,) = await actor.fetch([z.key])
+    np.testing.assert_allclose(back, 2 * expected, rtol=1e-5)
+    assert await actor.kept() == 2
+    stranger = Resident("another actor", "k", "<f4", 1000)
+    with pytest.raises(accy.LaunchArgumentMismatch, match="not kept on this actor"):
+        await actor.call("r4", "saxpy_f32", [stranger, x], {"a": 1.0})
+    document = accy.library.load_builtin("prefix_sum_f32")
+    (scanned,) = await actor.call("r5", document, [x], device_graph=True)
+    np.testing.assert_allclose(scanned, expected, rtol=1e-5)
+    assert document.pipeline.target in await actor.warm_plans()
+    await assert_checkpoint(lambda: actor.release([]))
+    assert await actor.release([kept.key, z.key, "never kept"]) == 2
+    assert await actor.kept() == 0
+    for method in (actor.kept, actor.holder):
+        await assert_checkpoint(method)
+    assert await actor.close() == 0
+
+
+async def test_kept_results_run_on_their_actor_and_die_with_it(cluster: None) -> None:
+    actors = _actors(2)
+    router = Router(actors, max_in_flight=1)  # six at once: spread over both
+    names = [await actor.holder.remote() for actor in actors]
+    x = np.ones(5000, np.float32)
+    kept: list[Resident] = []
+
+    async def keep_one() -> None:
+        kept.extend(await router.call("prefix_sum_f32", x, keep=True))
+
+    async with anyio.create_task_group() as group:
+        for _ in range(6):
+            group.start_soon(keep_one)
+    assert {each.holder for each in kept} == set(names)
+    for each in kept:  # each chained call runs where its operand is kept
+        (y,) = await router.call("saxpy_f32", each, x, a=2.0)
+        np.testing.assert_allclose(y, 2 * np.arange(1, 5001) + 1, rtol=1e-5)
+    for fetched in await router.fetch(*kept):
+        np.testing.assert_allclose(fetched, np.arange(1, 5001), rtol=1e-5)
+    first, other = kept[0], next(each for each in kept if each.holder != kept[0].holder)
+    with pytest.raises(accy.LaunchArgumentMismatch, match="different actors"):
+        await router.call("saxpy_f32", first, other, a=1.0)
+    victim = actors[names.index(first.holder)]
+    survivor = actors[1 - names.index(first.holder)]
+    ray.kill(victim, no_restart=True)
+    with pytest.raises(accy.RuntimeUnavailable, match="has died"):
+        await router.call("saxpy_f32", first, x, a=1.0)
+    with pytest.raises(accy.RuntimeUnavailable, match="has died"):
+        await router.fetch(first)
+    (z,) = await router.call("saxpy_f32", other, other, a=1.0)  # the survivor's still work
+    np.testing.assert_allclose(z, 2 * np.arange(1, 5001), rtol=1e-5)
+    survivors = sum(each.holder == other.holder for each in kept)
+    assert await router.release(*kept) == survivors
+    assert await survivor.kept.remote() == 0
+    assert await _close([survivor]) == [0]
+
+
+@pytest.mark.gpu
+@needs_gpu
+async def test_kept_results_stay_in_device_memory_on_a_cuda_actor(cluster: None) -> None:
+    (actor,) = _actors(1, "cuda")
+    router = Router([actor])
+    x = (np.arange(100_000) % 5).astype(np.float32)
+    expected = np.cumsum(x, dtype=np.float64)
+    (kept,) = await router.call("prefix_sum_f32", x, keep=True)
+    (twice,) = await router.call("saxpy_f32", kept, kept, a=1.0, keep=True)
+    (y,) = await router.call("saxpy_f32", twice, x, a=0.5)
+    np.testing.assert_allclose(y, expected + x, rtol=1e-4)
+    (back,) = await router.fetch(twice)
+    np.testing.assert_allclose(back, 2 * expected, rtol=1e-4)
+    assert await router.release(kept, twice) == 2
+    assert await _close([actor]) == [0]
+    ray.kill(actor)

@@ -167,6 +167,21 @@ class PipelineCall:
         finally:
             await release_when_idle(self.backend, [*objects, *streams], streams)
 
+    def result_sizes(
+        self, *operands: Any, **scalars: ScalarArgument | int | float | np.generic
+    ) -> tuple[int, ...]:
+        """How many elements each result of a call on ``operands`` and ``scalars`` takes.
+
+        For callers that allocate ``out=`` arrays themselves; checked as a call checks
+        them (:class:`LaunchArgumentMismatch`). Nothing is enqueued.
+        """
+        if self._pool is None or self._closed:
+            raise LaunchArgumentMismatch(
+                "the pipeline call is not open (use it as 'async with open_pipeline(...)')"
+            )
+        arrays = self._intake.operands(operands)
+        return self._intake.scalars(self._pool, arrays, scalars)[1]
+
     async def __call__(
         self,
         *operands: Any,

@@ -10,6 +10,15 @@ already warm and has room, else to the least loaded, with at most ``max_in_fligh
 requests on each actor at once (the rest wait: backpressure, not a queue
 that grows without bound).
 
+A request names a built-in plan or passes a :class:`~accy_async.plan.PipelineDocument`,
+and may ask for its stages as one device graph (``device_graph=True``). With
+``keep=True`` its results stay on the actor (in device memory on CUDA) and come
+back as :class:`Resident` handles: pass them to later calls, which the router
+sends to the same actor (chained calls move no data through Ray), then
+:meth:`Router.fetch` them as NumPy or :meth:`Router.release` them. A kept
+result dies with its actor: a call that needs it then raises
+:class:`~accy_async.errors.RuntimeUnavailable`.
+
 Every request carries an id. If its actor dies, the router sends it again,
 with the same id, to another actor, and the caller gets one answer; an actor
 that sees an id again (a retry that reaches it) answers from its record
@@ -30,6 +39,7 @@ A sketch::
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import uuid
 from collections import OrderedDict
@@ -49,17 +59,38 @@ except ImportError as exc:  # pragma: no cover - the optional extra
         f"accy_async.ray needs Ray: pip install 'accy-async[ray]' ({exc})"
     ) from exc
 
+from .arrays import ArrayView
 from .backends import Backend, create_backend
+from .buffers import download
 from .call import PipelineCall, open_pipeline
-from .errors import AccyError, RuntimeUnavailable
+from .errors import AccyError, LaunchArgumentMismatch, RuntimeUnavailable
+from .plan import PipelineDocument, encode_json
 from .testing import live_after_drain
 
-__all__ = ["DEFAULT_IN_FLIGHT", "PipelineActor", "PipelineActorImpl", "Router"]
+__all__ = ["DEFAULT_IN_FLIGHT", "PipelineActor", "PipelineActorImpl", "Resident", "Router"]
 
 DEFAULT_IN_FLIGHT: Final = 8
 """Requests one actor runs at once by default."""
 
 _ANSWERS_KEPT: Final = 4096
+
+Plan = str | PipelineDocument
+"""A built-in plan's name, or a plan document."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A result kept on the actor that made it (``keep=True``): ``size`` elements of ``dtype``.
+
+    Pass it as an operand to a later call (the router sends that call to the
+    same actor), :meth:`Router.fetch` it as NumPy, :meth:`Router.release` it.
+    """
+
+    holder: str
+    """The actor's name for itself (:attr:`PipelineActorImpl.identity`)."""
+    key: str
+    dtype: str
+    size: int
 
 
 class PipelineActorImpl:
@@ -72,24 +103,32 @@ class PipelineActorImpl:
     def __init__(self, backend: str = "auto") -> None:
         self._kind = backend
         self._backend: Backend | None = None
-        self._calls: dict[str, PipelineCall] = {}
+        self._calls: dict[tuple[str, bool], PipelineCall] = {}
         self._lock = asyncio.Lock()
-        self._answers: OrderedDict[str, list[np.ndarray[Any, Any]]] = OrderedDict()
-        self._running: dict[str, asyncio.Task[list[np.ndarray[Any, Any]]]] = {}
+        self._answers: OrderedDict[str, list[Any]] = OrderedDict()
+        self._running: dict[str, asyncio.Task[list[Any]]] = {}
+        self._kept: dict[str, Any] = {}
+        self.identity = uuid.uuid4().hex
+        """The name the results this actor keeps carry (:attr:`Resident.holder`)."""
         self.served = 0
         """Requests run here (an answer given again from its record not counted)."""
 
     async def call(
         self,
         request_id: str,
-        plan: str,
-        arrays: Sequence[np.ndarray[Any, Any]],
+        plan: Plan,
+        arrays: Sequence[Any],
         scalars: dict[str, int | float] | None = None,
-    ) -> list[np.ndarray[Any, Any]]:
-        """Run ``plan`` on ``arrays`` (a built-in plan's name); its results as NumPy arrays.
+        *,
+        keep: bool = False,
+        device_graph: bool = False,
+    ) -> list[Any]:
+        """Run ``plan`` on ``arrays`` (NumPy arrays, or :class:`Resident` results kept here).
 
-        A request id seen before is answered as before (from its record, or
-        by awaiting the run already going), not run again.
+        Its results as NumPy arrays, or with ``keep`` as :class:`Resident`
+        handles to results kept here. A request id seen before is answered
+        as before (from its record, or by awaiting the run already going),
+        not run again.
         """
         answered = self._answers.get(request_id)
         if answered is not None:
@@ -97,7 +136,9 @@ class PipelineActorImpl:
             return answered
         running = self._running.get(request_id)
         if running is None:
-            running = asyncio.ensure_future(self._run(plan, list(arrays), dict(scalars or {})))
+            running = asyncio.ensure_future(
+                self._run(plan, list(arrays), dict(scalars or {}), keep, device_graph)
+            )
             self._running[request_id] = running
         try:
             results = await asyncio.shield(running)
@@ -113,29 +154,110 @@ class PipelineActorImpl:
         return results
 
     async def _run(
-        self, plan: str, arrays: list[np.ndarray[Any, Any]], scalars: dict[str, Any]
-    ) -> list[np.ndarray[Any, Any]]:
-        call = await self._call_for(plan)
-        result = await call(*arrays, **scalars)
+        self,
+        plan: Plan,
+        arrays: list[Any],
+        scalars: dict[str, Any],
+        keep: bool,
+        device_graph: bool,
+    ) -> list[Any]:
+        call = await self._call_for(plan, device_graph)
+        operands = [
+            self._kept_array(each) if isinstance(each, Resident) else each for each in arrays
+        ]
+        chained = any(isinstance(each, Resident) for each in arrays)
+        if not keep and not chained:
+            result = await call(*operands, **scalars)
+            self.served += 1
+            results = list(result) if isinstance(result, tuple | list) else [result]
+            return [np.asarray(each) for each in results]
+        # Results into arrays made here: in device memory off the CPU, kept or read back.
+        outs = self._new_results(call, call.result_sizes(*operands, **scalars))
+        await call(*operands, out=outs, **scalars)
         self.served += 1
-        results = list(result) if isinstance(result, tuple | list) else [result]
-        return [np.asarray(each) for each in results]
+        if not keep:
+            return [await self._read(each) for each in outs]
+        kept = []
+        for out in outs:
+            key = uuid.uuid4().hex
+            self._kept[key] = out
+            kept.append(Resident(self.identity, key, out.dtype.str, int(out.size)))
+        return kept
 
-    async def _call_for(self, plan: str) -> PipelineCall:
+    def _kept_array(self, resident: Resident) -> Any:
+        array = self._kept.get(resident.key) if resident.holder == self.identity else None
+        if array is None:
+            raise LaunchArgumentMismatch(
+                f"result {resident.key} is not kept on this actor (released, or another's)",
+                path="$.operands",
+            )
+        return array
+
+    def _new_results(self, call: PipelineCall, sizes: Sequence[int]) -> list[Any]:
+        backend = call.backend
+        dtypes = [np.dtype(shape.dtype.numpy_name) for shape in call.document.results]
+        if backend.kind == "cpu":
+            return [np.empty(size, dtype) for size, dtype in zip(sizes, dtypes, strict=True)]
+        return [
+            ArrayView(
+                backend,
+                backend.allocate_buffer(max(size * dtype.itemsize, 1)),
+                dtype,
+                size,
+                owned=True,  # freed, once its work is done, when the last reference goes
+            )
+            for size, dtype in zip(sizes, dtypes, strict=True)
+        ]
+
+    async def _read(self, array: Any) -> np.ndarray[Any, Any]:
+        if isinstance(array, np.ndarray):
+            await anyio.lowlevel.checkpoint()
+            return array
+        view: ArrayView = array
+        stream = view.stream  # its writer's; gone once its call closed (then nothing runs)
+        if stream is not None and not view.backend.owns(stream):
+            stream = None
+        return await download(view.backend, view.buffer, view.dtype, view.size, stream=stream)
+
+    async def _call_for(self, plan: Plan, device_graph: bool) -> PipelineCall:
+        key = (plan if isinstance(plan, str) else _document_key(plan), device_graph)
         async with self._lock:
             if self._backend is None:
                 self._backend = create_backend(self._kind)  # type: ignore[arg-type]
-            call = self._calls.get(plan)
+            call = self._calls.get(key)
             if call is None:
-                call = open_pipeline(plan, backend=self._backend)
+                call = open_pipeline(plan, backend=self._backend, device_graph=device_graph)
                 await call.__aenter__()
-                self._calls[plan] = call
+                self._calls[key] = call
             return call
 
-    async def warm_plans(self) -> list[str]:
-        """The plans whose calls are open here."""
+    async def fetch(self, keys: Sequence[str]) -> list[np.ndarray[Any, Any]]:
+        """The results kept here under ``keys``, as NumPy arrays (they stay kept)."""
+        arrays = [self._kept.get(key) for key in keys]
+        missing = [key for key, array in zip(keys, arrays, strict=True) if array is None]
+        if missing:
+            raise LaunchArgumentMismatch(f"results not kept here: {', '.join(missing)}")
+        return [await self._read(array) for array in arrays]
+
+    async def release(self, keys: Sequence[str]) -> int:
+        """Let the results kept under ``keys`` go (their memory once their work is done)."""
         await anyio.lowlevel.checkpoint()
-        return sorted(self._calls)
+        return sum(self._kept.pop(key, None) is not None for key in keys)
+
+    async def kept(self) -> int:
+        """How many results are kept here."""
+        await anyio.lowlevel.checkpoint()
+        return len(self._kept)
+
+    async def holder(self) -> str:
+        """The actor's :attr:`identity`: the :attr:`Resident.holder` of what it keeps."""
+        await anyio.lowlevel.checkpoint()
+        return self.identity
+
+    async def warm_plans(self) -> list[str]:
+        """The plans whose calls are open here (a document's by its target)."""
+        await anyio.lowlevel.checkpoint()
+        return sorted({call.document.pipeline.target for call in self._calls.values()})
 
     async def served_count(self) -> int:
         """Requests run here (see :attr:`served`)."""
@@ -148,8 +270,12 @@ class PipelineActorImpl:
         return sum(not task.done() for task in self._running.values())
 
     async def close(self) -> int:
-        """Close every call, then the backend; how many objects the calls left alive (0)."""
+        """Close every call, then the backend; how many objects were left alive (0).
+
+        Results still kept are let go first.
+        """
         async with self._lock:
+            self._kept.clear()
             for call in self._calls.values():
                 await call.__aexit__(None, None, None)
             self._calls.clear()
@@ -163,6 +289,11 @@ class PipelineActorImpl:
             return left
 
 
+def _document_key(document: PipelineDocument) -> str:
+    """A plan document's key among an actor's open calls: its JSON's digest."""
+    return "document:" + hashlib.sha256(encode_json(document)).hexdigest()
+
+
 PipelineActor: Any = ray.remote(PipelineActorImpl)
 """The Ray actor class: ``PipelineActor.options(num_gpus=1).remote()`` on a GPU node."""
 
@@ -173,7 +304,7 @@ class _Seat:
 
     actor: Any
     slots: anyio.Semaphore
-    warm: set[str] = field(default_factory=set)
+    warm: set[tuple[str, bool]] = field(default_factory=set)
     load: int = 0
     """Requests sent here and not answered yet (waiting for a slot, or running)."""
     alive: bool = True
@@ -188,6 +319,8 @@ class Router:
         self._seats = [_Seat(actor, anyio.Semaphore(max_in_flight)) for actor in actors]
         self._capacity = max_in_flight
         self._order = itertools.count()
+        self._holders: dict[str, _Seat] = {}
+        """The seat of each actor that kept a result, by the actor's identity."""
         self.retries = 0
         """Requests sent again because their actor died."""
 
@@ -197,49 +330,138 @@ class Router:
         return sum(seat.alive for seat in self._seats)
 
     async def call(
-        self, plan: str, *arrays: np.ndarray[Any, Any], **scalars: int | float
-    ) -> list[np.ndarray[Any, Any]]:
-        """Run ``plan`` on some actor; its results as NumPy arrays.
+        self,
+        plan: Plan,
+        *arrays: np.ndarray[Any, Any] | Resident,
+        keep: bool = False,
+        device_graph: bool = False,
+        **scalars: int | float,
+    ) -> list[Any]:
+        """Run ``plan`` (a built-in plan's name, or a document) on some actor.
 
-        Raises :class:`~accy_async.errors.RuntimeUnavailable` once no actor is
-        alive; the actor's error (a user's mistake: a bad array, a bad scalar)
-        as the actor raised it.
+        Its results as NumPy arrays, or with ``keep`` as :class:`Resident`
+        handles to results kept on the actor. A call given :class:`Resident`
+        operands runs on the actor that keeps them. Raises
+        :class:`~accy_async.errors.RuntimeUnavailable` once no actor is alive
+        (or the one keeping an operand died); the actor's error (a user's
+        mistake: a bad array, a bad scalar) as the actor raised it.
         """
         request_id = uuid.uuid4().hex
+        warm_key = (plan if isinstance(plan, str) else _document_key(plan), device_graph)
+        holder = self._holder_of(arrays)
         while True:
-            seat = self._choose(plan)
+            seat = self._choose(warm_key) if holder is None else holder
             seat.load += 1  # counted from the choice: the next request sees it
             try:
                 async with seat.slots:
                     if not seat.alive:
+                        if holder is not None:
+                            raise _lost()
                         continue
-                    results: list[np.ndarray[Any, Any]] = await _remote(
-                        seat.actor.call.remote(request_id, plan, list(arrays), scalars)
+                    results: list[Any] = await _remote(
+                        seat.actor.call.remote(
+                            request_id,
+                            plan,
+                            list(arrays),
+                            scalars,
+                            keep=keep,
+                            device_graph=device_graph,
+                        )
                     )
             except ray.exceptions.RayActorError:
                 seat.alive = False
+                if holder is not None:
+                    raise _lost() from None
                 self.retries += 1
                 continue  # the same id, another actor: answered once
             except ray.exceptions.RayTaskError as error:
-                cause = error.as_instanceof_cause()  # type: ignore[no-untyped-call]
-                raise cause if isinstance(cause, AccyError) else error from None
+                raise _cause(error) from None
             finally:
                 seat.load -= 1
-            seat.warm.add(plan)
+            seat.warm.add(warm_key)
+            for result in results:
+                if isinstance(result, Resident):
+                    self._holders[result.holder] = seat
             return results
 
-    def _choose(self, plan: str) -> _Seat:
+    async def fetch(self, *residents: Resident) -> list[np.ndarray[Any, Any]]:
+        """The kept results as NumPy arrays, in order (they stay kept)."""
+        fetched: dict[Resident, np.ndarray[Any, Any]] = {}
+        for seat, group in self._by_holder(residents):
+            try:
+                arrays = await _remote(seat.actor.fetch.remote([each.key for each in group]))
+            except ray.exceptions.RayActorError:
+                seat.alive = False
+                raise _lost() from None
+            except ray.exceptions.RayTaskError as error:
+                raise _cause(error) from None
+            fetched.update(zip(group, arrays, strict=True))
+        return [fetched[each] for each in residents]
+
+    async def release(self, *residents: Resident) -> int:
+        """Let the kept results go; how many were still kept (an actor that died has none)."""
+        released = 0
+        for seat, group in self._by_holder(residents, strict=False):
+            try:
+                released += await _remote(seat.actor.release.remote([each.key for each in group]))
+            except ray.exceptions.RayActorError:
+                seat.alive = False
+        return released
+
+    def _holder_of(self, arrays: Sequence[Any]) -> _Seat | None:
+        """The seat of the actor keeping the :class:`Resident` operands, if any."""
+        holders = {each.holder for each in arrays if isinstance(each, Resident)}
+        if not holders:
+            return None
+        if len(holders) > 1:
+            raise LaunchArgumentMismatch(
+                "kept results of different actors cannot meet in one call: fetch all but "
+                "one actor's first",
+                path="$.operands",
+            )
+        return self._seat_of(holders.pop())
+
+    def _seat_of(self, holder: str, *, strict: bool = True) -> _Seat:
+        seat = self._holders.get(holder)
+        if seat is None:
+            raise LaunchArgumentMismatch(
+                f"a result kept by actor {holder} that this router did not call", path="$"
+            )
+        if strict and not seat.alive:
+            raise _lost()
+        return seat
+
+    def _by_holder(
+        self, residents: Sequence[Resident], *, strict: bool = True
+    ) -> list[tuple[_Seat, list[Resident]]]:
+        groups: dict[str, list[Resident]] = {}
+        for each in residents:
+            groups.setdefault(each.holder, []).append(each)
+        seats = [(self._seat_of(holder, strict=strict), group) for holder, group in groups.items()]
+        return [(seat, group) for seat, group in seats if seat.alive]
+
+    def _choose(self, warm_key: tuple[str, bool]) -> _Seat:
         alive = [seat for seat in self._seats if seat.alive]
         if not alive:
             raise RuntimeUnavailable("every actor of the router has died")
         # A warm actor with room first (its kernels are loaded); else the least loaded.
-        warm = [seat for seat in alive if plan in seat.warm and seat.load < self._capacity]
+        warm = [seat for seat in alive if warm_key in seat.warm and seat.load < self._capacity]
         start = next(self._order) % len(alive)  # ties go round the actors
         candidates = warm or alive
         return min(
             candidates,
             key=lambda seat: (seat.load, (alive.index(seat) - start) % len(alive)),
         )
+
+
+def _lost() -> RuntimeUnavailable:
+    return RuntimeUnavailable("the actor keeping a result this call needs has died")
+
+
+def _cause(error: Any) -> BaseException:
+    """The actor's own error where it is accy-async's (a user's mistake), else Ray's."""
+    cause = error.as_instanceof_cause()
+    return cause if isinstance(cause, AccyError) else error
 
 
 async def _remote(ref: Any) -> Any:
