@@ -217,6 +217,19 @@ async def test_a_call_cancelled_before_it_starts_takes_no_lane(
         assert after == streams
 
 
+async def test_result_sizes_are_what_a_call_would_fill(cpu_backend: accy.CpuBackend) -> None:
+    async with accy.open_pipeline("saxpy_f32", backend=cpu_backend) as saxpy:
+        x = np.ones(300, np.float32)
+        assert saxpy.result_sizes(x, x, a=2.0) == (300,)
+        out = np.empty(saxpy.result_sizes(x, x, a=2.0)[0], np.float32)
+        await saxpy(x, x, a=2.0, out=out)
+        assert out.tolist() == [3.0] * 300
+        with pytest.raises(accy.LaunchArgumentMismatch, match="takes 2 operands"):
+            saxpy.result_sizes(x, a=2.0)
+    with pytest.raises(accy.LaunchArgumentMismatch, match="not open"):
+        saxpy.result_sizes(x, x, a=2.0)
+
+
 async def test_a_closed_call_refuses_and_a_plan_without_shapes_is_refused(
     cpu_backend: accy.CpuBackend,
 ) -> None:

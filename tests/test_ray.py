@@ -211,8 +211,25 @@ async def test_kept_results_chain_on_the_actor_without_moving_data() -> None:
     await assert_checkpoint(lambda: actor.release([]))
     assert await actor.release([kept.key, z.key, "never kept"]) == 2
     assert await actor.kept() == 0
+    await actor.call("r6", "prefix_sum_f32", [x], keep=True)
+    assert await actor.forget("r6") == 1  # a router's caller cancelled after sending it
+    assert await actor.kept() == 0
     for method in (actor.kept, actor.holder):
         await assert_checkpoint(method)
+    await assert_checkpoint(lambda: actor.forget("never sent"))
+    assert await actor.close() == 0
+
+
+async def test_kept_results_on_a_backend_that_runs_nothing_are_host_arrays() -> None:
+    """The recording backend (no real memory): kept results are NumPy arrays, as on the CPU."""
+    actor = PipelineActorImpl("recording")
+    x = np.ones(64, np.float32)
+    (kept,) = await actor.call("r1", "prefix_sum_f32", [x], keep=True)
+    (y,) = await actor.call("r2", "saxpy_f32", [kept, x], {"a": 1.0})
+    assert y.shape == (64,)
+    (back,) = await actor.fetch([kept.key])
+    assert back.shape == (64,) and back.dtype == np.float32
+    assert await actor.release([kept.key]) == 1
     assert await actor.close() == 0
 
 
@@ -248,6 +265,8 @@ async def test_kept_results_run_on_their_actor_and_die_with_it(cluster: None) ->
     (z,) = await router.call("saxpy_f32", other, other, a=1.0)  # the survivor's still work
     np.testing.assert_allclose(z, 2 * np.arange(1, 5001), rtol=1e-5)
     survivors = sum(each.holder == other.holder for each in kept)
+    (again,) = await Router(actors).fetch(other)  # another router learns who keeps it
+    np.testing.assert_allclose(again, np.arange(1, 5001), rtol=1e-5)
     assert await router.release(*kept) == survivors
     assert await survivor.kept.remote() == 0
     assert await _close([survivor]) == [0]
@@ -269,3 +288,22 @@ async def test_kept_results_stay_in_device_memory_on_a_cuda_actor(cluster: None)
     assert await router.release(kept, twice) == 2
     assert await _close([actor]) == [0]
     ray.kill(actor)
+
+
+async def test_a_caller_cancelled_while_its_result_is_kept_leaves_nothing_kept(
+    cluster: None,
+) -> None:
+    (actor,) = _actors(1)
+    router = Router([actor])
+    x = np.ones(2_000_000, np.float32)
+    await router.call("prefix_sum_f32", x[:10])  # warm: the cancellations land in the run
+    for seconds in (0.001, 0.005, 0.01, 0.02, 0.05, 0.1):
+        with anyio.move_on_after(seconds) as scope:
+            kept = await router.call("prefix_sum_f32", x, keep=True)
+        if not scope.cancelled_caught:  # answered in time: the caller holds the handle
+            assert await router.release(*kept) == 1
+        with anyio.move_on_after(10):  # the cancellation, and any forget, reach the actor
+            while await actor.in_flight.remote() or await actor.kept.remote():  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        assert await actor.kept.remote() == 0, seconds
+    assert await _close([actor]) == [0]

@@ -39,6 +39,7 @@ A sketch::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import uuid
@@ -73,6 +74,8 @@ DEFAULT_IN_FLIGHT: Final = 8
 """Requests one actor runs at once by default."""
 
 _ANSWERS_KEPT: Final = 4096
+_UNAVAILABLE_RETRY_S: Final = 0.05
+"""How long the router waits before asking an actor Ray calls unavailable for the moment."""
 
 Plan = str | PipelineDocument
 """A built-in plan's name, or a plan document."""
@@ -108,6 +111,8 @@ class PipelineActorImpl:
         self._answers: OrderedDict[str, list[Any]] = OrderedDict()
         self._running: dict[str, asyncio.Task[list[Any]]] = {}
         self._kept: dict[str, Any] = {}
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
+        """Requests whose caller went away (:meth:`forget`), possibly before they ran here."""
         self.identity = uuid.uuid4().hex
         """The name the results this actor keeps carry (:attr:`Resident.holder`)."""
         self.served = 0
@@ -131,9 +136,9 @@ class PipelineActorImpl:
         not run again.
         """
         answered = self._answers.get(request_id)
-        if answered is not None:
+        if answered is not None or request_id in self._forgotten:
             await anyio.lowlevel.checkpoint()  # a checkpoint, answered or not
-            return answered
+            return answered or []  # a forgotten request's caller is gone: nothing runs
         running = self._running.get(request_id)
         if running is None:
             running = asyncio.ensure_future(
@@ -143,11 +148,16 @@ class PipelineActorImpl:
         try:
             results = await asyncio.shield(running)
         except asyncio.CancelledError:
-            running.cancel()  # the caller went away: so does the work
+            running.cancel()  # the caller went away: so does the work, or what it kept
+            if running.done() and not running.cancelled() and running.exception() is None:
+                self._drop(running.result())
             raise
         finally:
             if running.done():
                 self._running.pop(request_id, None)
+        if request_id in self._forgotten:  # forgotten while it ran: nobody takes its results
+            self._drop(results)
+            return []
         self._answers[request_id] = results
         if len(self._answers) > _ANSWERS_KEPT:
             self._answers.popitem(last=False)
@@ -196,7 +206,7 @@ class PipelineActorImpl:
     def _new_results(self, call: PipelineCall, sizes: Sequence[int]) -> list[Any]:
         backend = call.backend
         dtypes = [np.dtype(shape.dtype.numpy_name) for shape in call.document.results]
-        if backend.kind == "cpu":
+        if backend.kind != "cuda":  # host memory is the device's
             return [np.empty(size, dtype) for size, dtype in zip(sizes, dtypes, strict=True)]
         return [
             ArrayView(
@@ -232,12 +242,36 @@ class PipelineActorImpl:
             return call
 
     async def fetch(self, keys: Sequence[str]) -> list[np.ndarray[Any, Any]]:
-        """The results kept here under ``keys``, as NumPy arrays (they stay kept)."""
+        """Copies of the results kept here under ``keys``, as NumPy arrays (they stay kept)."""
         arrays = [self._kept.get(key) for key in keys]
         missing = [key for key, array in zip(keys, arrays, strict=True) if array is None]
         if missing:
             raise LaunchArgumentMismatch(f"results not kept here: {', '.join(missing)}")
-        return [await self._read(array) for array in arrays]
+        fetched = [await self._read(array) for array in arrays]
+        return [
+            each.copy() if each is array else each
+            for each, array in zip(fetched, arrays, strict=True)
+        ]
+
+    async def forget(self, request_id: str) -> int:
+        """Drop request ``request_id``: its run if still going, what it kept, its answer.
+
+        For a router whose caller was cancelled after sending the request; how
+        many kept results were let go.
+        """
+        await anyio.lowlevel.checkpoint()
+        self._forgotten[request_id] = None  # it may not have started yet: refuse it then
+        if len(self._forgotten) > _ANSWERS_KEPT:
+            self._forgotten.popitem(last=False)
+        running = self._running.get(request_id)
+        if running is not None:
+            running.cancel()
+        return self._drop(self._answers.pop(request_id, []))
+
+    def _drop(self, results: Sequence[Any]) -> int:
+        """Let go of the kept results among ``results``; how many were kept."""
+        keys = [each.key for each in results if isinstance(each, Resident)]
+        return sum(self._kept.pop(key, None) is not None for key in keys)
 
     async def release(self, keys: Sequence[str]) -> int:
         """Let the results kept under ``keys`` go (their memory once their work is done)."""
@@ -348,9 +382,11 @@ class Router:
         """
         request_id = uuid.uuid4().hex
         warm_key = (plan if isinstance(plan, str) else _document_key(plan), device_graph)
-        holder = self._holder_of(arrays)
+        holder = await self._holder_of(arrays)
+        again: _Seat | None = None  # an actor only unreachable for the moment: ask it again
         while True:
-            seat = self._choose(warm_key) if holder is None else holder
+            seat = again or (self._choose(warm_key) if holder is None else holder)
+            again = None
             seat.load += 1  # counted from the choice: the next request sees it
             try:
                 async with seat.slots:
@@ -366,8 +402,16 @@ class Router:
                             scalars,
                             keep=keep,
                             device_graph=device_graph,
-                        )
+                        ),
+                        # A caller gone after its request was sent: what it kept goes too.
+                        forget=(lambda actor=seat.actor: actor.forget.remote(request_id))
+                        if keep
+                        else None,
                     )
+            except ray.exceptions.ActorUnavailableError:
+                again = seat  # the same id, the same actor: answered once
+                await anyio.sleep(_UNAVAILABLE_RETRY_S)
+                continue
             except ray.exceptions.RayActorError:
                 seat.alive = False
                 if holder is not None:
@@ -387,28 +431,45 @@ class Router:
     async def fetch(self, *residents: Resident) -> list[np.ndarray[Any, Any]]:
         """The kept results as NumPy arrays, in order (they stay kept)."""
         fetched: dict[Resident, np.ndarray[Any, Any]] = {}
-        for seat, group in self._by_holder(residents):
-            try:
-                arrays = await _remote(seat.actor.fetch.remote([each.key for each in group]))
-            except ray.exceptions.RayActorError:
-                seat.alive = False
-                raise _lost() from None
-            except ray.exceptions.RayTaskError as error:
-                raise _cause(error) from None
+        for seat, group in await self._by_holder(residents):
+            keys = [each.key for each in group]
+            arrays = await self._on_holder(
+                seat, lambda seat=seat, keys=keys: seat.actor.fetch.remote(keys)
+            )
             fetched.update(zip(group, arrays, strict=True))
         return [fetched[each] for each in residents]
 
     async def release(self, *residents: Resident) -> int:
         """Let the kept results go; how many were still kept (an actor that died has none)."""
         released = 0
-        for seat, group in self._by_holder(residents, strict=False):
-            try:
-                released += await _remote(seat.actor.release.remote([each.key for each in group]))
-            except ray.exceptions.RayActorError:
-                seat.alive = False
+        for seat, group in await self._by_holder(residents, strict=False):
+            keys = [each.key for each in group]
+            with contextlib.suppress(RuntimeUnavailable):  # died: it keeps nothing now
+                released += await self._on_holder(
+                    seat, lambda seat=seat, keys=keys: seat.actor.release.remote(keys)
+                )
         return released
 
-    def _holder_of(self, arrays: Sequence[Any]) -> _Seat | None:
+    async def _on_holder(self, seat: _Seat, send: Any) -> Any:
+        """``send()``'s answer from the actor keeping some results, through its slots."""
+        while True:
+            seat.load += 1
+            try:
+                async with seat.slots:
+                    if not seat.alive:
+                        raise _lost()
+                    return await _remote(send())
+            except ray.exceptions.ActorUnavailableError:
+                await anyio.sleep(_UNAVAILABLE_RETRY_S)
+            except ray.exceptions.RayActorError:
+                seat.alive = False
+                raise _lost() from None
+            except ray.exceptions.RayTaskError as error:
+                raise _cause(error) from None
+            finally:
+                seat.load -= 1
+
+    async def _holder_of(self, arrays: Sequence[Any]) -> _Seat | None:
         """The seat of the actor keeping the :class:`Resident` operands, if any."""
         holders = {each.holder for each in arrays if isinstance(each, Resident)}
         if not holders:
@@ -419,25 +480,34 @@ class Router:
                 "one actor's first",
                 path="$.operands",
             )
-        return self._seat_of(holders.pop())
+        return await self._seat_of(holders.pop())
 
-    def _seat_of(self, holder: str, *, strict: bool = True) -> _Seat:
+    async def _seat_of(self, holder: str, *, strict: bool = True) -> _Seat:
         seat = self._holders.get(holder)
+        if seat is None:  # kept through another router: ask the actors their names
+            for each in self._seats:
+                if each.alive and each not in self._holders.values():
+                    with contextlib.suppress(ray.exceptions.RayActorError):
+                        self._holders[await _remote(each.actor.holder.remote())] = each
+            seat = self._holders.get(holder)
         if seat is None:
             raise LaunchArgumentMismatch(
-                f"a result kept by actor {holder} that this router did not call", path="$"
+                f"a result kept by actor {holder}, which is not among this router's",
+                path="$.operands",
             )
         if strict and not seat.alive:
             raise _lost()
         return seat
 
-    def _by_holder(
+    async def _by_holder(
         self, residents: Sequence[Resident], *, strict: bool = True
     ) -> list[tuple[_Seat, list[Resident]]]:
         groups: dict[str, list[Resident]] = {}
         for each in residents:
             groups.setdefault(each.holder, []).append(each)
-        seats = [(self._seat_of(holder, strict=strict), group) for holder, group in groups.items()]
+        seats = [
+            (await self._seat_of(holder, strict=strict), group) for holder, group in groups.items()
+        ]
         return [(seat, group) for seat, group in seats if seat.alive]
 
     def _choose(self, warm_key: tuple[str, bool]) -> _Seat:
@@ -464,10 +534,16 @@ def _cause(error: Any) -> BaseException:
     return cause if isinstance(cause, AccyError) else error
 
 
-async def _remote(ref: Any) -> Any:
-    """Await a Ray object reference; cancelled, the remote task is cancelled too."""
+async def _remote(ref: Any, *, forget: Any = None) -> Any:
+    """Await a Ray object reference; cancelled, the remote task is cancelled too.
+
+    ``forget()``, if given, is sent then as well (the actor drops what the
+    request kept, should it have finished before the cancellation reached it).
+    """
     try:
         return await ref
     except asyncio.CancelledError:
         ray.cancel(ref)
+        if forget is not None:
+            forget()
         raise
