@@ -56,6 +56,7 @@ class Intake:
             for index, shape in enumerate(document.results)
         ]
         self._operand_dtypes = [_numpy_dtype(shape) for shape in document.operands]
+        self._result_dtypes = [_numpy_dtype(shape) for shape in document.results]
         self._sized_by = [
             [
                 position
@@ -187,14 +188,14 @@ class Intake:
         if out is None:
             model = next((each for each in operands if isinstance(each, DeviceArray)), None)
             made: list[Array] = []
-            for shape, count, (what, path) in zip(shapes, counts, self._result_labels, strict=True):
+            for dtype, count, (what, path) in zip(
+                self._result_dtypes, counts, self._result_labels, strict=True
+            ):
                 if model is None:
-                    made.append(np.empty(count, _numpy_dtype(shape)))
+                    made.append(np.empty(count, dtype))
                     continue
-                dtype = _numpy_dtype(shape)
                 if isinstance(model.owner, DLPackView):  # no way to make one of their kind
-                    buffer = backend.allocate_buffer(max(count * dtype.itemsize, 1))
-                    view = ArrayView(backend, buffer, dtype, count, owned=True)
+                    view = ArrayView.allocate(backend, dtype, count)
                     made.append(DeviceArray(view, view.address, dtype, count, False, None))
                     continue
                 raw = None if stream is None else stream.__cuda_stream__()[1]
@@ -209,10 +210,10 @@ class Intake:
                 f"out= has {len(given)} arrays, the plan has {len(shapes)} results", path="$.out"
             )
         checked = []
-        for array, shape, count, (what, path) in zip(
-            given, shapes, counts, self._result_labels, strict=True
+        for array, dtype, count, (what, path) in zip(
+            given, self._result_dtypes, counts, self._result_labels, strict=True
         ):
-            item = _checked(array, _numpy_dtype(shape), what, path)
+            item = _checked(array, dtype, what, path)
             readonly = item.readonly if isinstance(item, DeviceArray) else not item.flags.writeable
             if readonly:
                 raise LaunchArgumentMismatch(f"{what}: the out= array is read-only", path=path)

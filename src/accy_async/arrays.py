@@ -86,6 +86,17 @@ class ArrayView:
             self._owned = _Owned(buffer, stream)
             weakref.finalize(self, _release, backend, self._owned)
 
+    @classmethod
+    def allocate(cls, backend: Backend, dtype: Any, size: int) -> ArrayView:
+        """A view over a new buffer of ``size`` elements of ``dtype``, owned by the view.
+
+        The buffer is freed, once the work writing it is done, when the last
+        reference to the view goes.
+        """
+        dtype = np.dtype(dtype)
+        buffer = backend.allocate_buffer(max(size * dtype.itemsize, 1))
+        return cls(backend, buffer, dtype, size, owned=True)
+
     @property
     def stream(self) -> StreamHandle | None:
         """The stream the buffer's writers are queued on (``None``: the default stream)."""
@@ -156,7 +167,7 @@ class ArrayView:
                 raise BufferError(
                     "stream 0 is ambiguous in DLPack: pass 1 (legacy) or 2 (per-thread)"
                 )
-            self.backend.lead_foreign_stream(1 if stream is None else stream, self._live_stream())
+            self.backend.lead_foreign_stream(1 if stream is None else stream, self.live_stream)
         versioned = max_version is not None and max_version[0] >= 1
         return dlpack.export(
             self.address, self.dtype, self.shape, device, self, versioned=versioned
@@ -171,7 +182,7 @@ class ArrayView:
             raise AttributeError(f"a {self.backend.kind} buffer has no __cuda_array_interface__")
         if not self.backend.owns(self.buffer):
             raise BufferError(f"{self.buffer!r} was destroyed")
-        stream = self._live_stream() or self.backend.default_stream
+        stream = self.live_stream or self.backend.default_stream
         raw = stream.__cuda_stream__()[1]
         return {
             "shape": self.shape,
@@ -182,7 +193,8 @@ class ArrayView:
             "stream": raw or 1,  # the interface forbids 0: the NULL stream is the legacy one
         }
 
-    def _live_stream(self) -> StreamHandle | None:
+    @property
+    def live_stream(self) -> StreamHandle | None:
         """The view's stream, or ``None`` (the backend's default) once that stream is gone.
 
         A stream is gone once its owner has waited for it (the high-level call

@@ -167,6 +167,14 @@ class PipelineCall:
         finally:
             await release_when_idle(self.backend, [*objects, *streams], streams)
 
+    def _open_pool(self) -> PipelineArtifactPool:
+        """The call's pool; :class:`LaunchArgumentMismatch` if the call is not open."""
+        if self._pool is None or self._closed:
+            raise LaunchArgumentMismatch(
+                "the pipeline call is not open (use it as 'async with open_pipeline(...)')"
+            )
+        return self._pool
+
     def result_sizes(
         self, *operands: Any, **scalars: ScalarArgument | int | float | np.generic
     ) -> tuple[int, ...]:
@@ -175,12 +183,9 @@ class PipelineCall:
         For callers that allocate ``out=`` arrays themselves; checked as a call checks
         them (:class:`LaunchArgumentMismatch`). Nothing is enqueued.
         """
-        if self._pool is None or self._closed:
-            raise LaunchArgumentMismatch(
-                "the pipeline call is not open (use it as 'async with open_pipeline(...)')"
-            )
+        pool = self._open_pool()
         arrays = self._intake.operands(operands)
-        return self._intake.scalars(self._pool, arrays, scalars)[1]
+        return self._intake.scalars(pool, arrays, scalars)[1]
 
     async def __call__(
         self,
@@ -208,13 +213,10 @@ class PipelineCall:
         no stream of theirs to order). Raises :class:`LaunchArgumentMismatch`
         naming the array or scalar that does not fit, before anything runs.
         """
-        if self._pool is None or self._closed:
-            raise LaunchArgumentMismatch(
-                "the pipeline call is not open (use it as 'async with open_pipeline(...)')"
-            )
+        pool = self._open_pool()
         document = self.document
         arrays = self._intake.operands(operands)
-        resolution, counts = self._intake.scalars(self._pool, arrays, scalars)
+        resolution, counts = self._intake.scalars(pool, arrays, scalars)
         given_stream = None if stream is None else self.backend.adopt_stream(stream)
         results = self._intake.results(self.backend, out, counts, arrays, given_stream)
         on_cpu = self.backend.kind == "cpu"

@@ -186,7 +186,7 @@ class PipelineActorImpl:
         await call(*operands, out=outs, **scalars)
         self.served += 1
         if not keep:
-            return [await self._read(each) for each in outs]
+            return [await _read(each, copy=False) for each in outs]
         kept = []
         for out in outs:
             key = uuid.uuid4().hex
@@ -204,33 +204,18 @@ class PipelineActorImpl:
         return array
 
     def _new_results(self, call: PipelineCall, sizes: Sequence[int]) -> list[Any]:
+        """Empty result arrays: in device memory on CUDA, else host arrays (the device's)."""
         backend = call.backend
         dtypes = [np.dtype(shape.dtype.numpy_name) for shape in call.document.results]
-        if backend.kind != "cuda":  # host memory is the device's
+        if backend.kind != "cuda":
             return [np.empty(size, dtype) for size, dtype in zip(sizes, dtypes, strict=True)]
         return [
-            ArrayView(
-                backend,
-                backend.allocate_buffer(max(size * dtype.itemsize, 1)),
-                dtype,
-                size,
-                owned=True,  # freed, once its work is done, when the last reference goes
-            )
+            ArrayView.allocate(backend, dtype, size)
             for size, dtype in zip(sizes, dtypes, strict=True)
         ]
 
-    async def _read(self, array: Any) -> np.ndarray[Any, Any]:
-        if isinstance(array, np.ndarray):
-            await anyio.lowlevel.checkpoint()
-            return array
-        view: ArrayView = array
-        stream = view.stream  # its writer's; gone once its call closed (then nothing runs)
-        if stream is not None and not view.backend.owns(stream):
-            stream = None
-        return await download(view.backend, view.buffer, view.dtype, view.size, stream=stream)
-
     async def _call_for(self, plan: Plan, device_graph: bool) -> PipelineCall:
-        key = (plan if isinstance(plan, str) else _document_key(plan), device_graph)
+        key = _call_key(plan, device_graph)
         async with self._lock:
             if self._backend is None:
                 self._backend = create_backend(self._kind)  # type: ignore[arg-type]
@@ -247,11 +232,7 @@ class PipelineActorImpl:
         missing = [key for key, array in zip(keys, arrays, strict=True) if array is None]
         if missing:
             raise LaunchArgumentMismatch(f"results not kept here: {', '.join(missing)}")
-        fetched = [await self._read(array) for array in arrays]
-        return [
-            each.copy() if each is array else each
-            for each, array in zip(fetched, arrays, strict=True)
-        ]
+        return [await _read(array, copy=True) for array in arrays]
 
     async def forget(self, request_id: str) -> int:
         """Drop request ``request_id``: its run if still going, what it kept, its answer.
@@ -323,9 +304,20 @@ class PipelineActorImpl:
             return left
 
 
-def _document_key(document: PipelineDocument) -> str:
-    """A plan document's key among an actor's open calls: its JSON's digest."""
-    return "document:" + hashlib.sha256(encode_json(document)).hexdigest()
+def _call_key(plan: Plan, device_graph: bool) -> tuple[str, bool]:
+    """An actor's open call for ``plan`` (a name, or a document's JSON digest) and choice."""
+    if not isinstance(plan, str):
+        plan = "document:" + hashlib.sha256(encode_json(plan)).hexdigest()
+    return plan, device_graph
+
+
+async def _read(array: Any, *, copy: bool) -> np.ndarray[Any, Any]:
+    """A result array as NumPy: a host array as it is (or a copy), a device one read back."""
+    if isinstance(array, np.ndarray):
+        await anyio.lowlevel.checkpoint()
+        return array.copy() if copy else array
+    view: ArrayView = array
+    return await download(view.backend, view.buffer, view.dtype, view.size, stream=view.live_stream)
 
 
 PipelineActor: Any = ray.remote(PipelineActorImpl)
@@ -381,47 +373,30 @@ class Router:
         mistake: a bad array, a bad scalar) as the actor raised it.
         """
         request_id = uuid.uuid4().hex
-        warm_key = (plan if isinstance(plan, str) else _document_key(plan), device_graph)
+        warm_key = _call_key(plan, device_graph)
         holder = await self._holder_of(arrays)
-        again: _Seat | None = None  # an actor only unreachable for the moment: ask it again
         while True:
-            seat = again or (self._choose(warm_key) if holder is None else holder)
-            again = None
-            seat.load += 1  # counted from the choice: the next request sees it
+            seat = holder or self._choose(warm_key)
+            actor = seat.actor
             try:
-                async with seat.slots:
-                    if not seat.alive:
-                        if holder is not None:
-                            raise _lost()
-                        continue
-                    results: list[Any] = await _remote(
-                        seat.actor.call.remote(
-                            request_id,
-                            plan,
-                            list(arrays),
-                            scalars,
-                            keep=keep,
-                            device_graph=device_graph,
-                        ),
-                        # A caller gone after its request was sent: what it kept goes too.
-                        forget=(lambda actor=seat.actor: actor.forget.remote(request_id))
-                        if keep
-                        else None,
-                    )
-            except ray.exceptions.ActorUnavailableError:
-                again = seat  # the same id, the same actor: answered once
-                await anyio.sleep(_UNAVAILABLE_RETRY_S)
-                continue
-            except ray.exceptions.RayActorError:
-                seat.alive = False
+                results: list[Any] = await self._send(
+                    seat,
+                    lambda actor=actor: actor.call.remote(
+                        request_id,
+                        plan,
+                        list(arrays),
+                        scalars,
+                        keep=keep,
+                        device_graph=device_graph,
+                    ),
+                    # A caller gone after its request was sent: what it kept goes too.
+                    forget=(lambda actor=actor: actor.forget.remote(request_id)) if keep else None,
+                )
+            except _Died as died:
                 if holder is not None:
                     raise _lost() from None
-                self.retries += 1
+                self.retries += died.sent
                 continue  # the same id, another actor: answered once
-            except ray.exceptions.RayTaskError as error:
-                raise _cause(error) from None
-            finally:
-                seat.load -= 1
             seat.warm.add(warm_key)
             for result in results:
                 if isinstance(result, Resident):
@@ -433,9 +408,12 @@ class Router:
         fetched: dict[Resident, np.ndarray[Any, Any]] = {}
         for seat, group in await self._by_holder(residents):
             keys = [each.key for each in group]
-            arrays = await self._on_holder(
-                seat, lambda seat=seat, keys=keys: seat.actor.fetch.remote(keys)
-            )
+            try:
+                arrays = await self._send(
+                    seat, lambda seat=seat, keys=keys: seat.actor.fetch.remote(keys)
+                )
+            except _Died:
+                raise _lost() from None
             fetched.update(zip(group, arrays, strict=True))
         return [fetched[each] for each in residents]
 
@@ -444,26 +422,31 @@ class Router:
         released = 0
         for seat, group in await self._by_holder(residents, strict=False):
             keys = [each.key for each in group]
-            with contextlib.suppress(RuntimeUnavailable):  # died: it keeps nothing now
-                released += await self._on_holder(
+            with contextlib.suppress(_Died):  # died: it keeps nothing now
+                released += await self._send(
                     seat, lambda seat=seat, keys=keys: seat.actor.release.remote(keys)
                 )
         return released
 
-    async def _on_holder(self, seat: _Seat, send: Any) -> Any:
-        """``send()``'s answer from the actor keeping some results, through its slots."""
+    async def _send(self, seat: _Seat, send: Any, *, forget: Any = None) -> Any:
+        """``send()``'s answer from ``seat``'s actor, within its slots.
+
+        An actor Ray calls unavailable for the moment is asked again; one that
+        died raises :class:`_Died`; the actor's error comes out as
+        :func:`_cause` gives it.
+        """
         while True:
-            seat.load += 1
+            seat.load += 1  # counted from the choice: the next request sees it
             try:
                 async with seat.slots:
                     if not seat.alive:
-                        raise _lost()
-                    return await _remote(send())
+                        raise _Died(sent=False)
+                    return await _remote(send(), forget=forget)
             except ray.exceptions.ActorUnavailableError:
-                await anyio.sleep(_UNAVAILABLE_RETRY_S)
+                await anyio.sleep(_UNAVAILABLE_RETRY_S)  # the same request, the same actor
             except ray.exceptions.RayActorError:
                 seat.alive = False
-                raise _lost() from None
+                raise _Died(sent=True) from None
             except ray.exceptions.RayTaskError as error:
                 raise _cause(error) from None
             finally:
@@ -522,6 +505,18 @@ class Router:
             candidates,
             key=lambda seat: (seat.load, (alive.index(seat) - start) % len(alive)),
         )
+
+
+class _Died(Exception):
+    """The actor chosen for a request has died (the router's own signal).
+
+    ``sent``: whether the request had reached it (else it died while the
+    request waited for a slot).
+    """
+
+    def __init__(self, *, sent: bool) -> None:
+        super().__init__()
+        self.sent = sent
 
 
 def _lost() -> RuntimeUnavailable:
