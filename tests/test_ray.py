@@ -217,6 +217,10 @@ async def test_kept_results_chain_on_the_actor_without_moving_data() -> None:
     for method in (actor.kept, actor.holder):
         await assert_checkpoint(method)
     await assert_checkpoint(lambda: actor.forget("never sent"))
+    await assert_checkpoint(lambda: actor.fetch([]))
+    router = Router([object()])  # nothing to send: neither needs an actor
+    await assert_checkpoint(router.fetch)
+    await assert_checkpoint(router.release)
     assert await actor.close() == 0
 
 

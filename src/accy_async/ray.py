@@ -228,6 +228,7 @@ class PipelineActorImpl:
 
     async def fetch(self, keys: Sequence[str]) -> list[np.ndarray[Any, Any]]:
         """Copies of the results kept here under ``keys``, as NumPy arrays (they stay kept)."""
+        await anyio.lowlevel.checkpoint()  # a checkpoint, whatever there is to read
         arrays = [self._kept.get(key) for key in keys]
         missing = [key for key, array in zip(keys, arrays, strict=True) if array is None]
         if missing:
@@ -405,6 +406,7 @@ class Router:
 
     async def fetch(self, *residents: Resident) -> list[np.ndarray[Any, Any]]:
         """The kept results as NumPy arrays, in order (they stay kept)."""
+        await anyio.lowlevel.checkpoint()  # a checkpoint, whatever there is to fetch
         fetched: dict[Resident, np.ndarray[Any, Any]] = {}
         for seat, group in await self._by_holder(residents):
             keys = [each.key for each in group]
@@ -419,6 +421,7 @@ class Router:
 
     async def release(self, *residents: Resident) -> int:
         """Let the kept results go; how many were still kept (an actor that died has none)."""
+        await anyio.lowlevel.checkpoint()  # a checkpoint, whatever there is to release
         released = 0
         for seat, group in await self._by_holder(residents, strict=False):
             keys = [each.key for each in group]
