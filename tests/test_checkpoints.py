@@ -117,6 +117,25 @@ async def test_the_high_level_call_is_a_checkpoint(cpu_backend: accy.CpuBackend)
     await assert_checkpoint(scan.aclose)  # closed already
 
 
+async def test_the_graph_call_is_a_checkpoint(cpu_backend: accy.CpuBackend) -> None:
+    """``open_graph``'s calls: entering, a call on tiny slots, a cancelled call, closing."""
+    plan = chain_plan(cpu_backend)
+    document = p.LaunchGraphDocument(
+        artifact_plan=p.ArtifactPlan(slots=plan.slots, kernels=plan.kernels[1:4])
+    )
+    x = np.ones(CHAIN_SIZES[1] // 4, np.float32)
+    run = accy.open_graph(document, backend=cpu_backend)
+    await assert_checkpoint(run.__aenter__)
+    await run({1: x})  # the lane made once
+    await assert_checkpoint(lambda: run({1: x}))
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await run({1: x})
+    assert scope.cancelled_caught
+    await assert_checkpoint(run.aclose)
+    await assert_checkpoint(run.aclose)  # closed already
+
+
 async def test_graph_and_kernel_calls_are_checkpoints(recording: accy.RecordingBackend) -> None:
     bindings = bind_all(recording, CHAIN_SIZES)
     async with await load_kernels(recording, chain_plan(recording)) as kernels:

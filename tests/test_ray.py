@@ -19,8 +19,11 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import accy_async as accy  # noqa: E402
+from accy_async import plan as p  # noqa: E402
+from accy_async.library import tuning_document  # noqa: E402
 from accy_async.ray import PipelineActor, PipelineActorImpl, Resident, Router  # noqa: E402
 from accy_async.testing import assert_checkpoint  # noqa: E402
+from accy_async.tuning import TuningSettings  # noqa: E402
 
 from .conftest import GPU_AVAILABLE, needs_gpu  # noqa: E402
 
@@ -290,6 +293,19 @@ async def test_kept_results_stay_in_device_memory_on_a_cuda_actor(cluster: None)
     (back,) = await router.fetch(twice)
     np.testing.assert_allclose(back, 2 * expected, rtol=1e-4)
     assert await router.release(kept, twice) == 2
+    # A launch graph's slots kept on the device, chained into a pipeline and another graph.
+    document = saxpy_graph(p.ArtifactFormat.CUDA_SOURCE, x.size)
+    slot = (await router.call_graph(document, {1: x, 2: x}, keep=True))[4]  # 2.5 x
+    (scanned,) = await router.call("prefix_sum_f32", slot)
+    np.testing.assert_allclose(scanned, np.cumsum(2.5 * x, dtype=np.float64), rtol=1e-4)
+    out = await router.call_graph(document, {1: slot, 2: x}, read=[3], device_graph=True)
+    np.testing.assert_allclose(out[3], 6 * x, rtol=1e-6)
+    assert await router.release(slot) == 1
+    # A pipeline problem tuned on the GPU, then served by its name.
+    result = await router.tune(scan_problem(p.ArtifactFormat.CUDA_SOURCE, 1 << 20), settings=QUICK)
+    assert result.complete and result.winner is not None
+    (tuned,) = await router.call("prefix_sum.f32", x)
+    np.testing.assert_allclose(tuned, expected, rtol=1e-4)
     assert await _close([actor]) == [0]
     ray.kill(actor)
 
@@ -311,3 +327,118 @@ async def test_a_caller_cancelled_while_its_result_is_kept_leaves_nothing_kept(
                 await anyio.sleep(0.01)
         assert await actor.kept.remote() == 0, seconds
     assert await _close([actor]) == [0]
+
+
+def saxpy_graph(fmt: p.ArtifactFormat, n: int) -> p.LaunchGraphDocument:
+    """Two built-in saxpy kernels as a launch graph: slot 3 = 2 * x + y, slot 4 = 0.5 * slot 3
+    + x, for ``x`` in slot 1 and ``y`` in slot 2 (kernels any actor has, unlike the tests')."""
+    entry = next(
+        each
+        for each in accy.library.load_builtin("saxpy_f32").registry.entries
+        if each.format is fmt
+    )
+
+    def kernel(kernel_id: int, output: int, inputs: tuple[int, ...], a: float) -> p.PlannedKernel:
+        return p.PlannedKernel(
+            kernel_id=kernel_id,
+            work_item_id=kernel_id,
+            artifact=entry.artifact_spec(),
+            output_slot_id=output,
+            input_slot_ids=inputs,
+            runtime_scalar_argument_count=2,
+            runtime_scalar_defaults=(p.U32(n), p.F32(a)),
+            kernel_call_launch=entry.launch,
+        )
+
+    slots = tuple(p.Slot(slot_id=i, byte_size=4 * n, dtype=p.DType.F32) for i in (1, 2, 3, 4))
+    plan = p.ArtifactPlan(
+        slots=slots, kernels=(kernel(0, 3, (1, 2), 2.0), kernel(1, 4, (3, 1), 0.5))
+    )
+    return p.LaunchGraphDocument(artifact_plan=plan)
+
+
+def scan_problem(fmt: p.ArtifactFormat, n: int) -> p.PipelineTuningProblem:
+    """The built-in tuning problem of the three-stage prefix sum over its block sizes."""
+    document = tuning_document(fmt, n=n)
+    return next(each for each in document.pipelines if each.name == "prefix_sum.f32")
+
+
+QUICK = TuningSettings(warmup=1, min_samples=3, max_samples=10, batch=3, precision=0.2)
+
+
+async def test_graph_calls_and_tuned_plans_on_the_actor_itself() -> None:
+    """The actor's own bookkeeping, without Ray: a launch graph served with arrays for its
+    slots (answered once per id, kept, chained into a pipeline call), a pipeline problem
+    tuned and served by its name, a tuned plan handed to another actor."""
+    actor, other = PipelineActorImpl("cpu"), PipelineActorImpl("cpu")
+    n = 3000
+    document = saxpy_graph(p.ArtifactFormat.CPU, n)
+    x, y = np.arange(n, dtype=np.float32), np.ones(n, np.float32)
+    expected = 0.5 * (2 * x + y) + x
+    out = await actor.call_graph("g1", document, {1: x, 2: y}, [3, 4])
+    np.testing.assert_array_equal(out[3], 2 * x + y)
+    np.testing.assert_array_equal(out[4], expected)
+    again = await actor.call_graph("g1", document, {1: y, 2: y}, [4])  # the id's record
+    assert actor.served == 1 and again[4].tolist() == out[4].tolist()
+    kept = (await actor.call_graph("g2", document, {1: x, 2: y}, keep=True))[4]
+    assert isinstance(kept, Resident) and kept.size == n
+    (scanned,) = await actor.call("r1", "prefix_sum_f32", [kept])
+    np.testing.assert_allclose(scanned, np.cumsum(expected, dtype=np.float64), rtol=1e-5)
+    chained = await actor.call_graph("g3", document, {1: kept, 2: y}, [3])
+    np.testing.assert_array_equal(chained[3], 2 * expected + y)
+    assert await actor.forget("g2") == 2  # the graph call kept slots 3 and 4
+    with pytest.raises(accy.LaunchArgumentMismatch, match="not a slot"):
+        await actor.call_graph("g4", document, {9: x})
+    with pytest.raises(accy.LaunchArgumentMismatch, match="LaunchGraphDocument"):
+        await actor.call_graph("g5", accy.library.load_builtin("saxpy_f32"), {1: x})  # type: ignore[arg-type]
+
+    problem = scan_problem(p.ArtifactFormat.CPU, 4096)
+    result = await actor.tune(problem, None, QUICK)
+    assert result.complete and result.winner is not None
+    assert await actor.tuned_plans() == ["prefix_sum.f32"]
+    z = np.arange(5000, dtype=np.float32) % 3
+    (tuned,) = await actor.call("t1", "prefix_sum.f32", [z])
+    np.testing.assert_allclose(tuned, np.cumsum(z, dtype=np.float64), rtol=1e-5)
+    await assert_checkpoint(lambda: other.adopt("scan", result.tuned_document(problem)))
+    (adopted,) = await other.call("t2", "scan", [z])
+    np.testing.assert_array_equal(adopted, tuned)
+    with pytest.raises(accy.LaunchArgumentMismatch, match="pipeline problems"):
+        await actor.tune(tuning_document(p.ArtifactFormat.CPU).kernels[0])  # type: ignore[arg-type]
+    assert await actor.close() == 0 and await other.close() == 0
+
+
+async def test_graphs_and_tuned_plans_through_the_router(cluster: None) -> None:
+    actors = _actors(2)
+    router = Router(actors, max_in_flight=2)
+    n = 2000
+    document = saxpy_graph(p.ArtifactFormat.CPU, n)
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(24)]
+    y = np.ones(n, np.float32)
+    got: dict[int, np.ndarray[Any, Any]] = {}
+
+    async def one(index: int) -> None:
+        got[index] = (await router.call_graph(document, {1: inputs[index], 2: y}, read=[4]))[4]
+
+    async with anyio.create_task_group() as group:
+        for index in range(len(inputs)):
+            group.start_soon(one, index)
+    for index, x in enumerate(inputs):
+        np.testing.assert_allclose(got[index], 0.5 * (2 * x + y) + x, rtol=1e-6)
+    kept = (await router.call_graph(document, {1: inputs[0], 2: y}, keep=True))[4]
+    (scanned,) = await router.call("prefix_sum_f32", kept)  # on the actor keeping it
+    np.testing.assert_allclose(
+        scanned, np.cumsum(0.5 * (2 * inputs[0] + y) + inputs[0], dtype=np.float64), rtol=1e-4
+    )
+    assert await router.release(kept) == 1
+
+    problem = scan_problem(p.ArtifactFormat.CPU, 4096)
+    result = await router.tune(problem, settings=QUICK)
+    assert result.winner is not None
+    assert [await actor.tuned_plans.remote() for actor in actors] == [["prefix_sum.f32"]] * 2
+    z = np.arange(7000, dtype=np.float32) % 5
+    for _ in range(6):  # both actors serve it
+        (tuned,) = await router.call("prefix_sum.f32", z)
+        np.testing.assert_allclose(tuned, np.cumsum(z, dtype=np.float64), rtol=1e-5)
+    assert sum([await actor.served_count.remote() for actor in actors]) == 24 + 1 + 1 + 6
+    assert await _close(actors) == [0, 0]

@@ -53,6 +53,7 @@ from .errors import (
     UntrustedKernel,
 )
 from .graph import GraphRun, launch_all, launch_graph
+from .graph_call import GraphCall, open_graph
 from .kernels import (
     CandidateBenchmarkOptions,
     ElementCountBufferBinding,
@@ -117,6 +118,7 @@ __all__ = [
     "DeviceFault",
     "ElementCountBufferBinding",
     "EventHandle",
+    "GraphCall",
     "GraphRun",
     "InvalidArtifact",
     "InvalidBuffer",
@@ -168,6 +170,7 @@ __all__ = [
     "load_kernels",
     "load_pipeline_artifacts",
     "open_backend",
+    "open_graph",
     "open_pipeline",
     "synchronize",
     "trace",

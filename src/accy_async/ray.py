@@ -10,8 +10,13 @@ already warm and has room, else to the least loaded, with at most ``max_in_fligh
 requests on each actor at once (the rest wait: backpressure, not a queue
 that grows without bound).
 
-A request names a built-in plan or passes a :class:`~accy_async.plan.PipelineDocument`,
-and may ask for its stages as one device graph (``device_graph=True``). With
+A request names a built-in plan (or one the actors tuned) or passes a
+:class:`~accy_async.plan.PipelineDocument`, and may ask for its stages as one
+device graph (``device_graph=True``); :meth:`Router.call_graph` runs a
+:class:`~accy_async.plan.LaunchGraphDocument` with arrays for its slots
+(:func:`accy_async.open_graph` on the actor). :meth:`Router.tune` tunes a
+pipeline problem on one actor and hands the winning plan to every actor, which
+then serves it under the problem's name. With
 ``keep=True`` its results stay on the actor (in device memory on CUDA) and come
 back as :class:`Resident` handles: pass them to later calls, which the router
 sends to the same actor (chained calls move no data through Ray), then
@@ -65,8 +70,10 @@ from .backends import Backend, create_backend
 from .buffers import download
 from .call import PipelineCall, open_pipeline
 from .errors import AccyError, LaunchArgumentMismatch, RuntimeUnavailable
-from .plan import PipelineDocument, encode_json
+from .graph_call import GraphCall, open_graph
+from .plan import LaunchGraphDocument, PipelineDocument, PipelineTuningProblem, encode_json
 from .testing import live_after_drain
+from .tuning import Tuner, TuningResult, TuningSettings
 
 __all__ = ["DEFAULT_IN_FLIGHT", "PipelineActor", "PipelineActorImpl", "Resident", "Router"]
 
@@ -78,7 +85,10 @@ _UNAVAILABLE_RETRY_S: Final = 0.05
 """How long the router waits before asking an actor Ray calls unavailable for the moment."""
 
 Plan = str | PipelineDocument
-"""A built-in plan's name, or a plan document."""
+"""A built-in (or tuned) plan's name, or a plan document."""
+
+Answer = list[Any] | dict[int, Any]
+"""A request's results: a pipeline call's list, a graph call's ``{slot_id: array}``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +117,12 @@ class PipelineActorImpl:
         self._kind = backend
         self._backend: Backend | None = None
         self._calls: dict[tuple[str, bool], PipelineCall] = {}
+        self._graphs: dict[tuple[str, bool | None], GraphCall] = {}
+        self._tuned: dict[str, PipelineDocument] = {}
+        """Plans tuned here or handed over (:meth:`adopt`), by their problem's name."""
         self._lock = asyncio.Lock()
-        self._answers: OrderedDict[str, list[Any]] = OrderedDict()
-        self._running: dict[str, asyncio.Task[list[Any]]] = {}
+        self._answers: OrderedDict[str, Answer] = OrderedDict()
+        self._running: dict[str, asyncio.Task[Any]] = {}
         self._kept: dict[str, Any] = {}
         self._forgotten: OrderedDict[str, None] = OrderedDict()
         """Requests whose caller went away (:meth:`forget`), possibly before they ran here."""
@@ -135,18 +148,54 @@ class PipelineActorImpl:
         as before (from its record, or by awaiting the run already going),
         not run again.
         """
+        answer = await self._once(
+            request_id,
+            lambda: self._run(plan, list(arrays), dict(scalars or {}), keep, device_graph),
+            [],
+        )
+        assert isinstance(answer, list)
+        return answer
+
+    async def call_graph(
+        self,
+        request_id: str,
+        document: LaunchGraphDocument,
+        inputs: dict[int, Any],
+        read: Sequence[int] | None = None,
+        *,
+        keep: bool = False,
+        device_graph: bool | None = None,
+    ) -> dict[int, Any]:
+        """Run the launch graph of ``document`` with ``inputs`` for its slots (:func:`open_graph`).
+
+        ``inputs`` maps slot ids to NumPy arrays or :class:`Resident` results
+        kept here; the slots ``read`` come back as NumPy arrays, or with
+        ``keep`` as :class:`Resident` handles. Answered once per request id, as
+        :meth:`call` is.
+        """
+        answer = await self._once(
+            request_id,
+            lambda: self._run_graph(document, dict(inputs), read, keep, device_graph),
+            {},
+        )
+        assert isinstance(answer, dict)
+        return answer
+
+    async def _once(self, request_id: str, start: Any, nothing: Answer) -> Answer:
+        """The answer to request ``request_id``: recorded, being made, or made now by ``start()``.
+
+        ``nothing`` is the answer to a request forgotten (its caller gone).
+        """
         answered = self._answers.get(request_id)
         if answered is not None or request_id in self._forgotten:
             await anyio.lowlevel.checkpoint()  # a checkpoint, answered or not
-            return answered or []  # a forgotten request's caller is gone: nothing runs
+            return nothing if answered is None else answered  # forgotten: nothing runs
         running = self._running.get(request_id)
         if running is None:
-            running = asyncio.ensure_future(
-                self._run(plan, list(arrays), dict(scalars or {}), keep, device_graph)
-            )
+            running = asyncio.ensure_future(start())
             self._running[request_id] = running
         try:
-            results = await asyncio.shield(running)
+            results: Answer = await asyncio.shield(running)
         except asyncio.CancelledError:
             running.cancel()  # the caller went away: so does the work, or what it kept
             if running.done() and not running.cancelled() and running.exception() is None:
@@ -157,7 +206,7 @@ class PipelineActorImpl:
                 self._running.pop(request_id, None)
         if request_id in self._forgotten:  # forgotten while it ran: nobody takes its results
             self._drop(results)
-            return []
+            return nothing
         self._answers[request_id] = results
         if len(self._answers) > _ANSWERS_KEPT:
             self._answers.popitem(last=False)
@@ -187,12 +236,32 @@ class PipelineActorImpl:
         self.served += 1
         if not keep:
             return [await _read(each, copy=False) for each in outs]
-        kept = []
-        for out in outs:
-            key = uuid.uuid4().hex
-            self._kept[key] = out
-            kept.append(Resident(self.identity, key, out.dtype.str, int(out.size)))
-        return kept
+        return [self._keep(out) for out in outs]
+
+    async def _run_graph(
+        self,
+        document: LaunchGraphDocument,
+        inputs: dict[int, Any],
+        read: Sequence[int] | None,
+        keep: bool,
+        device_graph: bool | None,
+    ) -> dict[int, Any]:
+        run = await self._graph_for(document, device_graph)
+        slots = {
+            slot_id: self._kept_array(each) if isinstance(each, Resident) else each
+            for slot_id, each in inputs.items()
+        }
+        results = await run(slots, read=read, device=keep)
+        self.served += 1
+        if not keep:
+            return results
+        return {slot_id: self._keep(each) for slot_id, each in results.items()}
+
+    def _keep(self, array: Any) -> Resident:
+        """Keep ``array`` here (a device array on CUDA, else NumPy); its handle."""
+        key = uuid.uuid4().hex
+        self._kept[key] = array
+        return Resident(self.identity, key, array.dtype.str, int(array.size))
 
     def _kept_array(self, resident: Resident) -> Any:
         array = self._kept.get(resident.key) if resident.holder == self.identity else None
@@ -215,16 +284,84 @@ class PipelineActorImpl:
         ]
 
     async def _call_for(self, plan: Plan, device_graph: bool) -> PipelineCall:
-        key = _call_key(plan, device_graph)
+        if isinstance(plan, str):
+            plan = self._tuned.get(plan, plan)  # a tuned plan's name: its winning document
+        call: PipelineCall = await self._opened(
+            self._calls,
+            _call_key(plan, device_graph),
+            lambda backend: open_pipeline(plan, backend=backend, device_graph=device_graph),
+        )
+        return call
+
+    async def _graph_for(
+        self, document: LaunchGraphDocument, device_graph: bool | None
+    ) -> GraphCall:
+        if not isinstance(document, LaunchGraphDocument):
+            raise LaunchArgumentMismatch(
+                f"expected a LaunchGraphDocument, got {type(document).__name__}",
+                path="$.document",
+            )
+        run: GraphCall = await self._opened(
+            self._graphs,
+            (_digest(document), device_graph),
+            lambda backend: open_graph(document, backend=backend, device_graph=device_graph),
+        )
+        return run
+
+    async def _opened(self, table: dict[Any, Any], key: Any, open_one: Any) -> Any:
+        """``table[key]``, opened (``open_one(backend)``, entered) when first asked for."""
         async with self._lock:
-            if self._backend is None:
-                self._backend = create_backend(self._kind)  # type: ignore[arg-type]
-            call = self._calls.get(key)
-            if call is None:
-                call = open_pipeline(plan, backend=self._backend, device_graph=device_graph)
-                await call.__aenter__()
-                self._calls[key] = call
-            return call
+            opened = table.get(key)
+            if opened is None:
+                opened = open_one(self._open_backend())
+                await opened.__aenter__()
+                table[key] = opened
+            return opened
+
+    def _open_backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = create_backend(self._kind)  # type: ignore[arg-type]
+        return self._backend
+
+    async def tune(
+        self,
+        problem: PipelineTuningProblem,
+        cache: str | None = None,
+        settings: TuningSettings | None = None,
+    ) -> TuningResult:
+        """Tune ``problem`` on this actor's device; its winner is served as ``problem.name`` here.
+
+        ``cache``: a tuning cache file (shared safely between processes), else
+        none; ``settings`` how candidates are measured (the tuner's defaults
+        when ``None``). Calls already open for an earlier winner of the name
+        stay open for requests that name that document.
+        """
+        if not isinstance(problem, PipelineTuningProblem):
+            raise LaunchArgumentMismatch(
+                f"an actor tunes pipeline problems, not {type(problem).__name__}",
+                path="$.problem",
+            )
+        async with self._lock:
+            backend = self._open_backend()
+        async with Tuner(backend, cache=cache, settings=settings) as tuner:
+            result = await tuner.tune(problem)
+        if result.winner is not None:
+            self._tuned[problem.name] = result.tuned_document(problem)
+        return result
+
+    async def adopt(self, name: str, document: PipelineDocument) -> None:
+        """Serve ``document`` as ``name`` here (a plan another actor tuned)."""
+        await anyio.lowlevel.checkpoint()
+        if not isinstance(document, PipelineDocument):
+            raise LaunchArgumentMismatch(
+                f"expected a PipelineDocument, got {type(document).__name__}", path="$.document"
+            )
+        self._tuned[name] = document
+
+    async def tuned_plans(self) -> list[str]:
+        """The names of the plans tuned here or handed over."""
+        await anyio.lowlevel.checkpoint()
+        return sorted(self._tuned)
 
     async def fetch(self, keys: Sequence[str]) -> list[np.ndarray[Any, Any]]:
         """Copies of the results kept here under ``keys``, as NumPy arrays (they stay kept)."""
@@ -250,9 +387,10 @@ class PipelineActorImpl:
             running.cancel()
         return self._drop(self._answers.pop(request_id, []))
 
-    def _drop(self, results: Sequence[Any]) -> int:
+    def _drop(self, results: Answer) -> int:
         """Let go of the kept results among ``results``; how many were kept."""
-        keys = [each.key for each in results if isinstance(each, Resident)]
+        values = results.values() if isinstance(results, dict) else results
+        keys = [each.key for each in values if isinstance(each, Resident)]
         return sum(self._kept.pop(key, None) is not None for key in keys)
 
     async def release(self, keys: Sequence[str]) -> int:
@@ -295,6 +433,9 @@ class PipelineActorImpl:
             for call in self._calls.values():
                 await call.__aexit__(None, None, None)
             self._calls.clear()
+            for run in self._graphs.values():
+                await run.__aexit__(None, None, None)
+            self._graphs.clear()
             backend, self._backend = self._backend, None
             if backend is None:
                 await anyio.lowlevel.checkpoint()
@@ -307,9 +448,11 @@ class PipelineActorImpl:
 
 def _call_key(plan: Plan, device_graph: bool) -> tuple[str, bool]:
     """An actor's open call for ``plan`` (a name, or a document's JSON digest) and choice."""
-    if not isinstance(plan, str):
-        plan = "document:" + hashlib.sha256(encode_json(plan)).hexdigest()
-    return plan, device_graph
+    return (plan if isinstance(plan, str) else _digest(plan)), device_graph
+
+
+def _digest(document: PipelineDocument | LaunchGraphDocument) -> str:
+    return "document:" + hashlib.sha256(encode_json(document)).hexdigest()
 
 
 async def _read(array: Any, *, copy: bool) -> np.ndarray[Any, Any]:
@@ -331,7 +474,7 @@ class _Seat:
 
     actor: Any
     slots: anyio.Semaphore
-    warm: set[tuple[str, bool]] = field(default_factory=set)
+    warm: set[tuple[str, Any]] = field(default_factory=set)
     load: int = 0
     """Requests sent here and not answered yet (waiting for a slot, or running)."""
     alive: bool = True
@@ -364,7 +507,7 @@ class Router:
         device_graph: bool = False,
         **scalars: int | float,
     ) -> list[Any]:
-        """Run ``plan`` (a built-in plan's name, or a document) on some actor.
+        """Run ``plan`` (a built-in or tuned plan's name, or a document) on some actor.
 
         Its results as NumPy arrays, or with ``keep`` as :class:`Resident`
         handles to results kept on the actor. A call given :class:`Resident`
@@ -374,24 +517,101 @@ class Router:
         mistake: a bad array, a bad scalar) as the actor raised it.
         """
         request_id = uuid.uuid4().hex
-        warm_key = _call_key(plan, device_graph)
-        holder = await self._holder_of(arrays)
+        answer = await self._route(
+            _call_key(plan, device_graph),
+            arrays,
+            lambda actor: actor.call.remote(
+                request_id, plan, list(arrays), scalars, keep=keep, device_graph=device_graph
+            ),
+            (lambda actor: actor.forget.remote(request_id)) if keep else None,
+        )
+        assert isinstance(answer, list)
+        return answer
+
+    async def call_graph(
+        self,
+        document: LaunchGraphDocument,
+        inputs: dict[int, np.ndarray[Any, Any] | Resident],
+        *,
+        read: Sequence[int] | None = None,
+        keep: bool = False,
+        device_graph: bool | None = None,
+    ) -> dict[int, Any]:
+        """Run the launch graph of ``document`` on some actor; see :func:`accy_async.open_graph`.
+
+        ``inputs`` gives arrays for slots (``{slot_id: array}``); the slots
+        ``read`` (by default each kernel's output slot) come back as NumPy
+        arrays, or with ``keep`` as :class:`Resident` handles. Routed, retried
+        and answered once as :meth:`call` is.
+        """
+        request_id = uuid.uuid4().hex
+        slots = dict(inputs)
+        reads = None if read is None else list(read)
+        answer = await self._route(
+            (_digest(document), device_graph),
+            list(slots.values()),
+            lambda actor: actor.call_graph.remote(
+                request_id, document, slots, reads, keep=keep, device_graph=device_graph
+            ),
+            (lambda actor: actor.forget.remote(request_id)) if keep else None,
+        )
+        assert isinstance(answer, dict)
+        return answer
+
+    async def tune(
+        self,
+        problem: PipelineTuningProblem,
+        *,
+        cache: str | None = None,
+        settings: TuningSettings | None = None,
+    ) -> TuningResult:
+        """Tune ``problem`` on one actor; every actor then serves its winner as ``problem.name``.
+
+        Requests that name the problem (``router.call(problem.name, ...)``)
+        then run the winning document. ``cache`` is the tuning cache file
+        the tuning actor uses (see :class:`~accy_async.tuning.TuningCache`),
+        ``settings`` how it measures.
+        An actor that dies while tuning hands the problem to another.
+        """
+        while True:
+            seat = self._choose((problem.name, False))
+            try:
+                result: TuningResult = await self._send(
+                    seat, lambda seat=seat: seat.actor.tune.remote(problem, cache, settings)
+                )
+            except _Died:
+                continue
+            break
+        if result.winner is not None:
+            document = result.tuned_document(problem)
+            for other in self._seats:
+                if other is not seat and other.alive:
+                    with contextlib.suppress(_Died):  # died: it serves nothing now
+                        await self._send(
+                            other,
+                            lambda other=other: other.actor.adopt.remote(problem.name, document),
+                        )
+        return result
+
+    async def _route(
+        self, warm_key: tuple[str, Any], operands: Sequence[Any], send: Any, forget: Any
+    ) -> Answer:
+        """``send(actor)``'s answer from a chosen actor, sent again to another if it dies.
+
+        The actor keeping :class:`Resident` operands, if any, else a warm one
+        with room, else the least loaded; ``forget(actor)`` is sent if the
+        caller is cancelled after the request went.
+        """
+        holder = await self._holder_of(operands)
         while True:
             seat = holder or self._choose(warm_key)
             actor = seat.actor
             try:
-                results: list[Any] = await self._send(
+                answer: Answer = await self._send(
                     seat,
-                    lambda actor=actor: actor.call.remote(
-                        request_id,
-                        plan,
-                        list(arrays),
-                        scalars,
-                        keep=keep,
-                        device_graph=device_graph,
-                    ),
+                    lambda actor=actor: send(actor),
                     # A caller gone after its request was sent: what it kept goes too.
-                    forget=(lambda actor=actor: actor.forget.remote(request_id)) if keep else None,
+                    forget=None if forget is None else (lambda actor=actor: forget(actor)),
                 )
             except _Died as died:
                 if holder is not None:
@@ -399,10 +619,10 @@ class Router:
                 self.retries += died.sent
                 continue  # the same id, another actor: answered once
             seat.warm.add(warm_key)
-            for result in results:
+            for result in answer.values() if isinstance(answer, dict) else answer:
                 if isinstance(result, Resident):
                     self._holders[result.holder] = seat
-            return results
+            return answer
 
     async def fetch(self, *residents: Resident) -> list[np.ndarray[Any, Any]]:
         """The kept results as NumPy arrays, in order (they stay kept)."""
@@ -496,7 +716,7 @@ class Router:
         ]
         return [(seat, group) for seat, group in seats if seat.alive]
 
-    def _choose(self, warm_key: tuple[str, bool]) -> _Seat:
+    def _choose(self, warm_key: tuple[str, Any]) -> _Seat:
         alive = [seat for seat in self._seats if seat.alive]
         if not alive:
             raise RuntimeUnavailable("every actor of the router has died")

@@ -1,0 +1,178 @@
+"""The high-level graph call: slots in as arrays, slots out as arrays, on every executing backend.
+
+A launch-graph document runs with its dataflow graph or its own (two streams,
+a loop), for many calls and concurrent ones on reused lanes, with the kernels'
+u32 count buffers made by the call; bad input is refused naming the slot
+before anything is allocated; a cancelled call and a close leave nothing alive.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import accy_async as accy
+from accy_async import plan as p
+from accy_async.arrays import ArrayView
+from accy_async.testing import live_after_drain
+
+from .plans import artifact_plan, elementwise, elementwise_kernels, fill_by_buffer_count, planned
+from .test_graph import ping_pong
+
+N = 1000
+
+
+def diamond_document(
+    backend: accy.Backend, graph: p.LaunchGraphPlan | None
+) -> p.LaunchGraphDocument:
+    """Slot 1 -> copy to 2, add one to 3 -> their sum into 4 (= 2 * x + 1)."""
+    slots = tuple(p.Slot(slot_id=i, byte_size=4 * N, dtype=p.DType.F32) for i in range(1, 5))
+    plan = p.ArtifactPlan(slots=slots, kernels=elementwise_kernels(backend, N))
+    return p.LaunchGraphDocument(artifact_plan=plan, graph=graph)
+
+
+TWO_STREAMS = p.LaunchGraphPlan(
+    nodes=(
+        p.GraphNode(kernel_index=0, stream=0),
+        p.GraphNode(kernel_index=1, stream=1),
+        p.GraphNode(kernel_index=2, stream=0),
+    ),
+    dependencies=(
+        p.GraphDependency(producer_node_index=0, consumer_node_index=2),
+        p.GraphDependency(producer_node_index=1, consumer_node_index=2),
+    ),
+    stream_count=2,
+)
+
+
+@pytest.mark.parametrize("graph", [None, TWO_STREAMS], ids=["dataflow", "two streams"])
+async def test_slots_in_and_out_over_many_and_concurrent_calls(
+    executing_backend: accy.Backend, graph: p.LaunchGraphPlan | None
+) -> None:
+    backend = executing_backend
+    rng = np.random.default_rng(7)
+    async with accy.open_graph(diamond_document(backend, graph), backend=backend) as run:
+        for _ in range(3):  # a relaunch reuses the lane (and on CUDA the device graph)
+            x = rng.standard_normal(N).astype(np.float32)
+            out = await run({1: x})
+            assert sorted(out) == [2, 3, 4]  # each kernel's output slot by default
+            np.testing.assert_array_equal(out[2], x)
+            np.testing.assert_array_equal(out[3], x + 1)
+            np.testing.assert_array_equal(out[4], x + (x + 1))
+        inputs = [rng.standard_normal(N).astype(np.float32) for _ in range(12)]
+        got: dict[int, np.ndarray] = {}
+
+        async def one(index: int) -> None:
+            got[index] = (await run({1: inputs[index]}, read=[4]))[4]
+
+        async with anyio.create_task_group() as tasks:
+            for index in range(len(inputs)):
+                tasks.start_soon(one, index)
+        for index, x in enumerate(inputs):
+            np.testing.assert_array_equal(got[index], x + (x + 1))
+    assert await live_after_drain(backend) == {}
+
+
+async def test_a_loop_and_count_buffers_made_by_the_call(executing_backend: accy.Backend) -> None:
+    backend = executing_backend
+    # Kernel 0 fills slot 1 with 7 as far as its u32 count buffer says (the plan's 600);
+    # kernel 4 adds one to slot 5 into 6, carried three times (slots 1 and 6 taking turns as
+    # the output): 7 + 3 where counted, 3 after, every call (each starts from zeroed slots).
+    plan = artifact_plan(
+        {1: 4 * N, 5: 4 * N, 6: 4 * N},
+        fill_by_buffer_count(backend, 0, 1, 0x40E00000, element_count_argument_value=600),
+        *(elementwise(backend, k, "copy_f32", 5, (1,), N) for k in (1, 2, 3)),
+        elementwise(backend, 4, "add_one_f32", 6, (5,), N),
+    )
+    document = p.LaunchGraphDocument(artifact_plan=plan, graph=ping_pong(3))
+    async with accy.open_graph(document, backend=backend) as run:
+        for _ in range(2):
+            out = await run(read=[1, 6])
+            assert out[1].dtype == np.uint8  # the slots state no dtype: bytes
+            values = out[6].view(np.float32)
+            np.testing.assert_array_equal(values[:600], 10.0)
+            np.testing.assert_array_equal(values[600:], 3.0)
+    assert await live_after_drain(backend) == {}
+
+
+async def test_bad_input_is_refused_naming_the_slot_before_anything_is_made(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    backend = cpu_backend
+    x = np.ones(N, np.float32)
+    document = diamond_document(backend, None)
+    typed = p.LaunchGraphDocument(
+        artifact_plan=p.ArtifactPlan(
+            slots=(*document.artifact_plan.slots[:1], p.Slot(slot_id=9, dtype=p.DType.U32)),
+            kernels=(),
+        )
+    )
+    async with accy.open_graph(document, backend=backend) as run:
+        before = await live_after_drain(backend)
+        cases: list[tuple[Any, list[int] | None, str, str]] = [
+            ({7: x}, None, r"\$\.inputs\[7\]", "not a slot"),
+            ({1: x.astype(np.float64)}, None, r"\$\.inputs\[1\]", "holds f32"),
+            ({1: x[:10]}, None, r"\$\.inputs\[1\]", "holds 4000 bytes"),
+            ({1: np.ones((2, N), np.float32)[:, 0]}, None, r"\$\.inputs\[1\]", "contiguous"),
+            ({1: list(x)}, None, r"\$\.inputs\[1\]", "expected a NumPy array"),
+            ({1: x}, [8], r"\$\.read", "not a slot"),
+        ]
+        for inputs, read, path, message in cases:
+            with pytest.raises(accy.LaunchArgumentMismatch, match=message) as raised:
+                await run(inputs, read=read)
+            assert raised.value.path is not None
+            assert re.fullmatch(path, raised.value.path)
+        assert await live_after_drain(backend) == before  # no lane, no buffer was made
+    async with accy.open_graph(typed, backend=backend) as run:
+        with pytest.raises(accy.LaunchArgumentMismatch, match="slot 9 has no byte_size"):
+            await run({1: x})
+        with pytest.raises(accy.LaunchArgumentMismatch, match="slot 9 holds u32"):
+            await run({1: x, 9: x})
+        out = await run({1: x, 9: np.arange(5, dtype=np.uint32)}, read=[9])
+        np.testing.assert_array_equal(out[9], np.arange(5))  # no kernel: what was given
+    with pytest.raises(accy.LaunchArgumentMismatch, match="not open"):
+        await run({1: x})
+    assert await live_after_drain(backend) == {}
+
+
+async def test_a_cancelled_call_returns_at_once_and_leaves_nothing(
+    executing_backend: accy.Backend,
+) -> None:
+    backend = executing_backend
+    slow = planned(
+        backend,
+        0,
+        "slow_fill_f32",
+        1,
+        scalars=(p.U32(N), p.F32(3.0), p.U64(1_000_000_000)),
+    )
+    plan = artifact_plan(
+        {1: 4 * N, 2: 4 * N}, slow, elementwise(backend, 1, "copy_f32", 2, (1,), N)
+    )
+    document = p.LaunchGraphDocument(artifact_plan=plan)
+    async with accy.open_graph(document, backend=backend) as run:
+        started = anyio.current_time()
+        with anyio.move_on_after(0.05) as scope:
+            await run()
+        assert scope.cancelled_caught
+        assert anyio.current_time() - started < 0.8  # not after the 1 s kernel
+    assert await live_after_drain(backend) == {}
+
+
+@pytest.mark.gpu
+async def test_device_arrays_in_and_out_on_cuda(executing_backend: accy.Backend) -> None:
+    backend = executing_backend
+    if backend.kind != "cuda":
+        pytest.skip("device arrays are the CUDA backend's")
+    x = np.arange(N, dtype=np.float32)
+    async with accy.open_graph(diamond_document(backend, TWO_STREAMS), backend=backend) as run:
+        kept = (await run({1: x}, read=[3], device=True))[3]
+        assert isinstance(kept, ArrayView)
+        out = await run({1: kept}, read=[4])  # x + 1 in, on the device
+        np.testing.assert_array_equal(out[4], (x + 1) + (x + 2))
+        del kept
+    assert await live_after_drain(backend) == {}
