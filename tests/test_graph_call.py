@@ -20,7 +20,14 @@ from accy_async import plan as p
 from accy_async.arrays import ArrayView
 from accy_async.testing import live_after_drain
 
-from .plans import artifact_plan, elementwise, elementwise_kernels, fill_by_buffer_count, planned
+from .plans import (
+    artifact_plan,
+    elementwise,
+    elementwise_kernels,
+    fill_by_buffer_count,
+    geometry,
+    planned,
+)
 from .test_graph import ping_pong
 
 N = 1000
@@ -84,7 +91,14 @@ async def test_a_loop_and_count_buffers_made_by_the_call(executing_backend: accy
     # the output): 7 + 3 where counted, 3 after, every call (each starts from zeroed slots).
     plan = artifact_plan(
         {1: 4 * N, 5: 4 * N, 6: 4 * N},
-        fill_by_buffer_count(backend, 0, 1, 0x40E00000, element_count_argument_value=600),
+        fill_by_buffer_count(
+            backend,
+            0,
+            1,
+            0x40E00000,
+            element_count_argument_value=600,
+            launch_resources=geometry(N),
+        ),
         *(elementwise(backend, k, "copy_f32", 5, (1,), N) for k in (1, 2, 3)),
         elementwise(backend, 4, "add_one_f32", 6, (5,), N),
     )
