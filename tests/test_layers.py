@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_graph_enqueue",
     ),
     ("library", "trust"),
-    ("buffers", "interop", "arrays", "call", "_call_intake", "_call_lane"),
+    ("buffers", "interop", "arrays", "call", "_call_intake", "_call_lane", "graph_call"),
     ("tuning",),
     (
         "cli",
