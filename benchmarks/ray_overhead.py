@@ -4,10 +4,13 @@ A prefix sum of 1,000 int32 elements (NumPy in, NumPy out), one request after an
 64 at a time, through ``open_pipeline`` in this process, through a ``PipelineActorImpl`` in
 this process (the actor's own bookkeeping), and through ``Router`` to one and to two Ray
 actors. On the CPU backend (the default) each actor takes half a CPU; with
-``--backend cuda`` each takes the GPU (one actor: ``num_gpus=1``; two share it, 0.5 each)::
+``--backend cuda`` each takes the GPU (one actor: ``num_gpus=1``; two share it, 0.5 each,
+or with ``--gpus 2`` take one GPU each). ``--n`` sets the elements per request (larger
+requests measure the devices, not Ray)::
 
     python benchmarks/ray_overhead.py --out benchmarks/results/
     python benchmarks/ray_overhead.py --backend cuda --out benchmarks/results/
+    python benchmarks/ray_overhead.py --backend cuda --gpus 2 --n 1048576 --out DIR
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from accy_async.ray import PipelineActor, PipelineActorImpl, Router
 
 N = 1000
 REQUESTS = 400
+"""Requests per round for small requests; fewer for large ones (about 400 MB a round)."""
+_requests = REQUESTS
 
 
 async def _per_request_us(run: Any, concurrency: int) -> float:
@@ -40,8 +45,10 @@ async def _per_request_us(run: Any, concurrency: int) -> float:
         start = time.perf_counter()
         async with anyio.create_task_group() as group:
             for worker in range(concurrency):
-                group.start_soon(_loop, run, REQUESTS // concurrency, worker)
-        samples.append((time.perf_counter() - start) / REQUESTS * 1e6)
+                group.start_soon(_loop, run, max(1, _requests // concurrency), worker)
+        samples.append(
+            (time.perf_counter() - start) / (concurrency * max(1, _requests // concurrency)) * 1e6
+        )
     return statistics.median(samples[1:])
 
 
@@ -51,12 +58,14 @@ async def _loop(run: Any, count: int, worker: int) -> None:
         await run()
 
 
-async def measure(kind: str) -> tuple[str, dict[str, float]]:
-    """The device's name and µs per request of each way."""
-    x = np.arange(N, dtype=np.int32)
+async def measure(kind: str, n: int = N, gpus: int = 1) -> tuple[str, dict[str, float]]:
+    """The device's name and µs per request of each way (two actors on ``gpus`` GPUs)."""
+    global _requests
+    _requests = max(64, min(REQUESTS, 100_000_000 // max(n, 1)))
+    x = np.arange(n, dtype=np.int32) % 3
     rows: dict[str, float] = {}
     async with (
-        accy.open_backend(kind) as backend,  # type: ignore[arg-type]
+        accy.open_backend(kind) as backend,
         accy.open_pipeline("prefix_sum_i32", backend=backend) as scan,
     ):
         device = f"{backend.name}, {os.cpu_count()} cores"
@@ -77,7 +86,7 @@ async def measure(kind: str) -> tuple[str, dict[str, float]]:
     rows["PipelineActorImpl in process, 1 in flight"] = await _per_request_us(bookkeeping, 1)
     await actor_impl.close()
     for actors in (1, 2):
-        share = {"num_gpus": 1 / actors} if kind == "cuda" else {"num_cpus": 0.5}
+        share = {"num_gpus": min(1, gpus / actors)} if kind == "cuda" else {"num_cpus": 0.5}
         handles = [PipelineActor.options(**share).remote(kind) for _ in range(actors)]
         router = Router(handles)
 
@@ -98,16 +107,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
     parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--n", type=int, default=N, help="elements per request")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs the actors may take (cuda)")
     args = parser.parse_args()
     ray.init(
         num_cpus=2 if args.backend == "cpu" else 4,
-        num_gpus=1 if args.backend == "cuda" else 0,
+        num_gpus=args.gpus if args.backend == "cuda" else 0,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
     )
     try:
-        device, rows = asyncio.run(measure(args.backend))
+        device, rows = asyncio.run(measure(args.backend, args.n, args.gpus))
     finally:
         ray.shutdown()
     commit = (
@@ -120,18 +131,21 @@ def main() -> int:
         "commit": commit,
         "backend": args.backend,
         "machine": device,
-        "n": N,
+        "n": args.n,
+        "gpus": args.gpus if args.backend == "cuda" else 0,
         "ray": ray.__version__,
         "us_per_request": rows,
     }
     out = Path(args.out)
     stem = f"ray-overhead-{args.backend}"
+    if args.n != N or (args.backend == "cuda" and args.gpus != 1):
+        stem += f"-n{args.n}-gpus{args.gpus}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"# Ray router overhead ({args.backend} backend, {result['machine']})",
         "",
-        f"commit {commit}; Ray {ray.__version__}; prefix sum of {N} int32; "
-        "µs per request (median of 5 rounds of 400)",
+        f"commit {commit}; Ray {ray.__version__}; prefix sum of {args.n} int32; "
+        f"µs per request (median of 5 rounds of {_requests})",
         "",
         "| how | µs per request |",
         "|---|---|",

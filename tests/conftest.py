@@ -16,6 +16,18 @@ GPU_AVAILABLE = auto_backend_choice()[0] == "cuda"
 needs_gpu = pytest.mark.skipif(not GPU_AVAILABLE, reason="no NVIDIA GPU and driver here")
 
 
+def _gpu_count() -> int:
+    if not GPU_AVAILABLE:
+        return 0
+    from accy_async.backends.cuda.driver import initialised_driver
+
+    return int(initialised_driver().cuDeviceGetCount()[1])
+
+
+GPU_COUNT = _gpu_count()
+needs_two_gpus = pytest.mark.skipif(GPU_COUNT < 2, reason=f"{GPU_COUNT} GPU(s) here, two needed")
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param

@@ -269,7 +269,7 @@ async def test_a_closed_backend_refuses_work_and_warns_about_leaks(
 
 @pytest.mark.parametrize("kind", [p.values[0] for p in EXECUTING_BACKEND_PARAMS[:1]])
 async def test_scalars_reach_the_kernel_with_their_types(kind: str) -> None:
-    async with accy.open_backend(kind) as backend:  # type: ignore[arg-type]
+    async with accy.open_backend(kind) as backend:
         kernel = await load(backend, "iota_f32")
         out = backend.allocate_buffer(16)
         backend.launch(

@@ -190,3 +190,74 @@ async def test_device_arrays_in_and_out_on_cuda(executing_backend: accy.Backend)
         np.testing.assert_array_equal(out[4], (x + 1) + (x + 2))
         del kept
     assert await live_after_drain(backend) == {}
+
+
+def slow_document(backend: accy.Backend, spin_ns: int) -> p.LaunchGraphDocument:
+    """Kernel 0 fills slot 1 with 3.0 after spinning ``spin_ns``; kernel 1 copies it to 2."""
+    slow = planned(backend, 0, "slow_fill_f32", 1, scalars=(p.U32(N), p.F32(3.0), p.U64(spin_ns)))
+    copy = elementwise(backend, 1, "copy_f32", 2, (1,), N)
+    return p.LaunchGraphDocument(artifact_plan=artifact_plan({1: 4 * N, 2: 4 * N}, slow, copy))
+
+
+async def test_a_close_waits_for_the_call_in_flight_and_refuses_the_waiting_ones(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    backend = cpu_backend
+    run = accy.open_graph(slow_document(backend, 200_000_000), backend=backend, max_lanes=1)
+    await run.__aenter__()
+    outcomes: dict[str, Any] = {}
+
+    async def call(name: str) -> None:
+        try:
+            outcomes[name] = (await run(read=[2]))[2]
+        except accy.LaunchArgumentMismatch as error:
+            outcomes[name] = error
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(call, "in flight")
+        await anyio.sleep(0.05)
+        tasks.start_soon(call, "waiting")  # for the one lane
+        await anyio.sleep(0.05)
+        await run.aclose()
+        assert "in flight" in outcomes  # the close waited for it
+    np.testing.assert_array_equal(outcomes["in flight"].view(np.float32), 3.0)
+    assert "closed before this one ran" in str(outcomes["waiting"])
+    assert await live_after_drain(backend) == {}
+
+
+async def test_graphs_a_call_cannot_run_are_refused_on_entering(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    backend = cpu_backend
+    signals = p.LaunchGraphPlan(
+        nodes=(p.GraphNode(kernel_index=0), p.GraphNode(kernel_index=1, signal_event=0)),
+        event_count=1,
+    )
+    document = p.LaunchGraphDocument(
+        artifact_plan=slow_document(backend, 0).artifact_plan, graph=signals
+    )
+    with pytest.raises(accy.UnsupportedOperation) as raised:
+        async with accy.open_graph(document, backend=backend):
+            pass
+    assert raised.value.path == "$.graph.event_count"
+    assert await live_after_drain(backend) == {}  # nothing was loaded
+
+
+async def test_slot_ids_are_whole_numbers_and_views_must_be_live(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    backend = cpu_backend
+    x = np.arange(N, dtype=np.float32)
+    async with accy.open_graph(diamond_document(backend, None), backend=backend) as run:
+        out = await run({np.int64(1): x}, read=[np.int32(4)])
+        assert list(out) == [4] and type(next(iter(out))) is int
+        np.testing.assert_array_equal(out[4], x + (x + 1))
+        for inputs, read in (({True: x}, None), ({"1": x}, None), ({1: x}, "4"), ({1: x}, 4)):
+            with pytest.raises(accy.LaunchArgumentMismatch):
+                await run(inputs, read=read)  # type: ignore[arg-type]
+        view = ArrayView(backend, backend.allocate_buffer(4 * N), np.float32)
+        backend.destroy(view.buffer)
+        with pytest.raises(accy.LaunchArgumentMismatch, match="not a live array") as raised:
+            await run({1: view})
+        assert raised.value.path == "$.inputs[1]"
+    assert await live_after_drain(backend) == {}

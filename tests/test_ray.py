@@ -402,6 +402,13 @@ async def test_graph_calls_and_tuned_plans_on_the_actor_itself() -> None:
     await assert_checkpoint(lambda: other.adopt("scan", result.tuned_document(problem)))
     (adopted,) = await other.call("t2", "scan", [z])
     np.testing.assert_array_equal(adopted, tuned)
+    with pytest.raises(accy.LaunchArgumentMismatch, match="no plan named 'scan'") as raised:
+        await actor.call("t3", "scan", [z])  # handed to the other actor only
+    assert raised.value.path == "$.plan"
+    with anyio.move_on_after(0):  # cancelled as it starts: its record goes when it ends
+        await actor.call_graph("g6", document, {1: np.ones(n, np.float32), 2: y}, keep=True)
+    await anyio.sleep(0.2)
+    assert not actor._running
     with pytest.raises(accy.LaunchArgumentMismatch, match="pipeline problems"):
         await actor.tune(tuning_document(p.ArtifactFormat.CPU).kernels[0])  # type: ignore[arg-type]
     assert await actor.close() == 0 and await other.close() == 0

@@ -93,7 +93,7 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> _Driver:
 
 
 def test_stamps_resolve_in_stream_order_and_events_die_once(driver: _Driver) -> None:
-    clock = TraceClock(lambda result, what: None)
+    clock = TraceClock(lambda result, what: None, lambda: None)
     tracer = Tracer()
     rng = random.Random(7)
     records: list[_Record] = []

@@ -35,7 +35,7 @@ from .backends import (
     create_backend,
     open_backend,
 )
-from .buffers import download, upload
+from .buffers import copy_between, download, upload
 from .call import PipelineCall, open_pipeline
 from .errors import (
     AccyError,
@@ -159,6 +159,7 @@ __all__ = [
     "allocate_pipeline_intermediates",
     "auto_backend_choice",
     "choose_format",
+    "copy_between",
     "cpu_kernel",
     "create_backend",
     "download",

@@ -1,4 +1,4 @@
-"""NumPy conveniences over a backend's buffers: upload an array, download one back."""
+"""Conveniences over backends' buffers: upload an array, download one back, copy across devices."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .backends import Backend, BufferHandle, StreamLike, WaitPolicy
+from ._loops import checkpoint
+from .backends import Backend, BufferBinding, BufferHandle, StreamLike, WaitPolicy
+from .errors import UnsupportedOperation
 from .plan import DType
 from .waiting import wait_read
 
-__all__ = ["download", "upload"]
+__all__ = ["copy_between", "download", "upload"]
 
 
 def upload(
@@ -64,3 +66,66 @@ async def download(
         policy=policy,
     )
     return np.frombuffer(data, dtype=element).copy()
+
+
+async def copy_between(
+    source_backend: Backend,
+    source: BufferHandle,
+    destination_backend: Backend,
+    destination: BufferHandle,
+    byte_size: int | None = None,
+    *,
+    source_offset: int = 0,
+    destination_offset: int = 0,
+    after: StreamLike | None = None,
+    stream: StreamLike | None = None,
+) -> None:
+    """Copy ``byte_size`` bytes of one backend's buffer into another's (another device's, say).
+
+    The copy follows the work queued so far on ``after`` (a stream of
+    ``source_backend``) and lands on ``stream`` (of ``destination_backend``)
+    in order with what is queued there; both default to the backends' own.
+
+    * Two CUDA backends (two GPUs, or one): enqueued on the device
+      (:meth:`~accy_async.backends.Backend.copy_from`: an event wait and
+      ``cuMemcpyPeerAsync``, direct where the devices have peer access);
+      this returns once it is enqueued, without waiting for the device.
+    * Any other pair (CPU backends, or a CPU and a CUDA one): staged through
+      the host: the bytes are read once ``after``'s work is done (awaited
+      without blocking the loop), then written on ``stream``; this returns
+      once they are read.
+
+    Either way the source buffer must stay alive until the copy has run
+    (await ``stream``). Ranges are checked first (:class:`~accy_async.errors.InvalidBuffer`,
+    nothing enqueued); a checkpoint even when there is nothing to copy.
+    """
+    size = source.byte_size - source_offset if byte_size is None else byte_size
+    source_backend.check_bindings(
+        [BufferBinding(source, "read_only", offset=source_offset, byte_size=size)], "$.source"
+    )
+    destination_backend.check_bindings(
+        [BufferBinding(destination, offset=destination_offset, byte_size=size)], "$.destination"
+    )
+    try:
+        destination_backend.copy_from(
+            source_backend,
+            source,
+            destination,
+            size,
+            source_offset=source_offset,
+            destination_offset=destination_offset,
+            after=after,
+            stream=stream,
+        )
+    except UnsupportedOperation:
+        pass  # no device path between these two: through the host
+    else:
+        await checkpoint()
+        return
+    if not size:
+        await checkpoint()
+        return
+    data = await wait_read(
+        source_backend.enqueue_read(source, offset=source_offset, byte_size=size, stream=after)
+    )
+    destination_backend.write_buffer(destination, data, offset=destination_offset, stream=stream)

@@ -15,6 +15,7 @@ __all__ = [
     "BACKENDS",
     "BACKEND_HELP",
     "Progress",
+    "backend_kind",
     "existing_file",
     "load_document",
     "positive_float",
@@ -22,7 +23,9 @@ __all__ = [
 ]
 
 BACKENDS: Final = ("auto", "cuda", "cpu")
-BACKEND_HELP: Final = "auto (the GPU if there is one, else the CPU), cuda or cpu"
+BACKEND_HELP: Final = (
+    "auto (the GPU if there is one, else the CPU), cuda, cuda:N (the GPU of ordinal N) or cpu"
+)
 
 _MSGPACK_SUFFIXES: Final = (".msgpack", ".mpk", ".msgpk")
 """Plan files with these suffixes are read as MessagePack; any other file as JSON."""
@@ -41,6 +44,13 @@ class Progress:
         if not self.quiet:
             elapsed = time.perf_counter() - self.start
             print(f"[{elapsed:7.3f} s] {message}", file=self.stream, flush=True)
+
+
+def backend_kind(text: str) -> str:
+    """An argparse type: one of :data:`BACKENDS`, or ``cuda:N``."""
+    if text in BACKENDS or (text.startswith("cuda:") and text.removeprefix("cuda:").isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not auto, cuda, cuda:N or cpu")
 
 
 def positive_int(text: str) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 from . import library
 from .backends import auto_backend_choice, open_backend
 from .buffers import download, upload
-from .cli_arguments import BACKEND_HELP, BACKENDS, Progress, positive_int
+from .cli_arguments import BACKEND_HELP, Progress, backend_kind, positive_int
 from .pipeline import (
     PipelineLaunch,
     allocate_pipeline_intermediates,
@@ -49,7 +49,7 @@ def add_demo_parser(commands: Any) -> None:
     command.add_argument(
         "-n", type=positive_int, default=10_000_003, help="elements (default 10,000,003)"
     )
-    command.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
+    command.add_argument("--backend", type=backend_kind, default="auto", help=BACKEND_HELP)
     command.add_argument(
         "--repeat",
         type=positive_int,

@@ -35,18 +35,20 @@ backend they are NumPy either way: its device memory is the host's).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, SupportsIndex
 
 import anyio
 import numpy as np
 
+from ._graph_schedule import schedule_of
 from ._loops import checkpoint
 from .arrays import ArrayView
 from .backends import Backend, BufferBinding, BufferHandle, DeviceObject, StreamHandle
 from .buffers import download
-from .errors import LaunchArgumentMismatch
+from .errors import LaunchArgumentMismatch, UnsupportedOperation
 from .graph import launch_all, launch_graph
 from .kernels import ElementCountBufferBinding, LaunchOptions, LoadedKernels, load_kernels
 from .plan import LaunchGraphDocument, Slot
@@ -60,6 +62,8 @@ DEFAULT_GRAPH_LANES: Final = 4
 GraphArrays = dict[int, Any]
 """What a graph call returns: ``{slot_id: array}`` for each slot read back."""
 
+_CLOSED_BEFORE: Final = "the graph call was closed before this one ran"
+
 
 def open_graph(
     document: LaunchGraphDocument,
@@ -70,10 +74,13 @@ def open_graph(
 ) -> GraphCall:
     """The launch graph of ``document`` as an awaitable function; see the module docstring.
 
-    Use it as ``async with``: entering loads the kernels, leaving waits for
-    the calls' work and frees everything. ``device_graph`` is
-    :func:`~accy_async.graph.launch_graph`'s (``None``: a graph run before goes
-    to the device as one graph where it can).
+    Use it as ``async with``: entering checks the graph against its plan
+    and loads the kernels, leaving waits for the calls in flight and frees
+    everything. ``device_graph`` is :func:`~accy_async.graph.launch_graph`'s
+    (``None``: a graph run before goes to the device as one graph where it
+    can). A graph that waits for or signals the caller's events cannot be
+    called this way (:class:`~accy_async.errors.UnsupportedOperation` on
+    entering), nor one ``device_graph=True`` cannot make one device graph.
     """
     if max_lanes < 1:
         raise ValueError(f"max_lanes must be at least 1, not {max_lanes}")
@@ -126,6 +133,7 @@ class GraphCall:
         self._kernels: LoadedKernels | None = None
         self._free: list[_Lane] = []
         self._slots = anyio.Semaphore(max_lanes)
+        self._max_lanes = max_lanes
         self._closed = False
         plan = document.artifact_plan
         self._plan_slots: dict[int, Slot] = {slot.slot_id: slot for slot in plan.slots}
@@ -142,6 +150,20 @@ class GraphCall:
         return self._closed
 
     async def __aenter__(self) -> GraphCall:
+        graph = self.document.graph
+        if graph is not None:
+            schedule = schedule_of(graph, self.document.artifact_plan)  # checked against the plan
+            if graph.event_count:
+                raise UnsupportedOperation(
+                    f"the graph uses {graph.event_count} of the caller's events: a graph call "
+                    "binds none (use launch_graph)",
+                    path="$.graph.event_count",
+                )
+            if self._device_graph is True and schedule.graph_refusal is not None:
+                raise UnsupportedOperation(
+                    f"this graph cannot be one device graph: {schedule.graph_refusal}",
+                    path="$.graph",
+                )
         self._kernels = await load_kernels(self.backend, self.document.artifact_plan)
         return self
 
@@ -149,15 +171,28 @@ class GraphCall:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Wait for the calls' work, then free the lanes and unload the kernels.
+        """Wait for the calls in flight, then free the lanes and unload the kernels.
 
-        Cancelled, it returns at once; what the device still uses is released
-        once it is done.
+        Calls still waiting for a lane are refused
+        (:class:`~accy_async.errors.LaunchArgumentMismatch`). Cancelled, it
+        returns at once; what the device still uses is released once it is
+        done.
         """
         if self._closed:
             await checkpoint()
             return
         self._closed = True
+        taken = 0
+        try:
+            for _ in range(self._max_lanes):  # every lane back: no call is in flight
+                await self._slots.acquire()
+                taken += 1
+        finally:
+            await self._release_all()
+            for _ in range(taken):
+                self._slots.release()
+
+    async def _release_all(self) -> None:
         lanes, self._free = self._free, []
         kernels, self._kernels = self._kernels, None
         objects = [each for lane in lanes for each in lane.objects()]
@@ -170,9 +205,9 @@ class GraphCall:
 
     async def __call__(
         self,
-        inputs: Mapping[int, Any] | None = None,
+        inputs: Mapping[Any, Any] | None = None,
         *,
-        read: Iterable[int] | None = None,
+        read: Iterable[SupportsIndex] | None = None,
         device: bool = False,
     ) -> GraphArrays:
         """Run the graph with ``inputs`` (``{slot_id: array}``); the slots ``read``, as arrays.
@@ -191,6 +226,8 @@ class GraphCall:
             )
         request = self._check(dict(inputs or {}), read)
         async with self._slots:
+            if self._closed_now():
+                raise LaunchArgumentMismatch(_CLOSED_BEFORE)
             lane = self._free.pop() if self._free else self._new_lane(kernels)
             try:
                 results = await self._run(kernels, lane, request, device)
@@ -198,20 +235,18 @@ class GraphCall:
                 # The device may still use the lane: it goes once its streams are idle.
                 await release_when_idle(self.backend, lane.objects(), lane.streams)
                 raise
-            if self._closed_now():  # closed while this call ran: the lane goes with the rest
-                await release_when_idle(self.backend, lane.objects(), lane.streams)
-            else:
-                self._free.append(lane)
+            self._free.append(lane)  # a close waits for this call to give its lane back
             return results
 
     # ----- checks ---------------------------------------------------------------------------
 
-    def _check(self, inputs: dict[int, Any], read: Iterable[int] | None) -> _Request:
+    def _check(self, inputs: dict[Any, Any], read: Iterable[SupportsIndex] | None) -> _Request:
         given: dict[int, Any] = {}
         sizes: dict[int, int] = {}
         dtypes: dict[int, np.dtype[Any]] = {}
-        for slot_id, array in inputs.items():
-            slot = self._slot(slot_id, f"$.inputs[{slot_id}]")
+        for key, array in inputs.items():
+            slot = self._slot(key, f"$.inputs[{key!r}]")
+            slot_id = slot.slot_id
             given[slot_id], sizes[slot_id] = self._checked_array(slot, array)
             dtypes[slot_id] = np.dtype(given[slot_id].dtype)
         for slot_id, slot in self._plan_slots.items():
@@ -223,7 +258,14 @@ class GraphCall:
                     path=f"$.inputs[{slot_id}]",
                 )
             sizes[slot_id] = slot.byte_size
-        read_ids = self._default_read if read is None else tuple(dict.fromkeys(read))
+        if read is None:
+            read_ids = self._default_read
+        elif isinstance(read, str | bytes) or not isinstance(read, Iterable):
+            raise LaunchArgumentMismatch(
+                f"read takes slot ids (a list of ints), not {type(read).__name__}", path="$.read"
+            )
+        else:
+            read_ids = tuple(dict.fromkeys(self._slot(each, "$.read").slot_id for each in read))
         for slot_id in read_ids:
             slot = self._slot(slot_id, "$.read")
             dtype = dtypes.get(slot_id) or np.dtype(
@@ -238,7 +280,12 @@ class GraphCall:
         return _Request(given, sizes, read_ids, dtypes)
 
     def _slot(self, slot_id: Any, path: str) -> Slot:
-        slot = self._plan_slots.get(slot_id) if isinstance(slot_id, int) else None
+        slot = None
+        if not isinstance(slot_id, bool | str | bytes):
+            try:
+                slot = self._plan_slots.get(operator.index(slot_id))
+            except TypeError:
+                slot = None
         if slot is None:
             raise LaunchArgumentMismatch(f"{slot_id!r} is not a slot of the plan", path=path)
         return slot
@@ -247,9 +294,10 @@ class GraphCall:
         """``array`` as the call binds it (a contiguous NumPy array or a view), and its bytes."""
         path = f"$.inputs[{slot.slot_id}]"
         if isinstance(array, ArrayView):
-            if array.backend is not self.backend:
+            if array.backend is not self.backend or not self.backend.owns(array.buffer):
                 raise LaunchArgumentMismatch(
-                    f"slot {slot.slot_id}: the array is another backend's", path=path
+                    f"slot {slot.slot_id}: the array is not a live array of this backend",
+                    path=path,
                 )
             value: Any = array
         elif isinstance(array, np.ndarray):
@@ -365,6 +413,8 @@ class GraphCall:
         if not device or backend.kind == "cpu":
             return await download(backend, binding.handle, dtype, count, stream=lane.stream)
         view = ArrayView.allocate(backend, dtype, count)
+        view.stream = lane.stream  # dropped before the copy ran: freed after it
         backend.copy_buffer(binding.handle, view.buffer, view.nbytes, stream=lane.stream)
         await wait_stream(backend, lane.stream)  # the lane's next call may overwrite the slot
+        view.stream = None  # written: the lane's stream is not the view's to follow
         return view

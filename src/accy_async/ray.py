@@ -71,6 +71,7 @@ from .buffers import download
 from .call import PipelineCall, open_pipeline
 from .errors import AccyError, LaunchArgumentMismatch, RuntimeUnavailable
 from .graph_call import GraphCall, open_graph
+from .library import BUILTIN_PLANS
 from .plan import LaunchGraphDocument, PipelineDocument, PipelineTuningProblem, encode_json
 from .testing import live_after_drain
 from .tuning import Tuner, TuningResult, TuningSettings
@@ -194,6 +195,11 @@ class PipelineActorImpl:
         if running is None:
             running = asyncio.ensure_future(start())
             self._running[request_id] = running
+            running.add_done_callback(  # cancelled with its caller, it ends after the caller
+                lambda task: (
+                    self._running.pop(request_id) if self._running.get(request_id) is task else None
+                )
+            )
         try:
             results: Answer = await asyncio.shield(running)
         except asyncio.CancelledError:
@@ -286,6 +292,12 @@ class PipelineActorImpl:
     async def _call_for(self, plan: Plan, device_graph: bool) -> PipelineCall:
         if isinstance(plan, str):
             plan = self._tuned.get(plan, plan)  # a tuned plan's name: its winning document
+        if isinstance(plan, str) and plan not in BUILTIN_PLANS:
+            raise LaunchArgumentMismatch(
+                f"no plan named {plan!r} here: not a built-in plan ({', '.join(BUILTIN_PLANS)}) "
+                "nor one tuned on or handed to this actor",
+                path="$.plan",
+            )
         call: PipelineCall = await self._opened(
             self._calls,
             _call_key(plan, device_graph),
@@ -320,7 +332,7 @@ class PipelineActorImpl:
 
     def _open_backend(self) -> Backend:
         if self._backend is None:
-            self._backend = create_backend(self._kind)  # type: ignore[arg-type]
+            self._backend = create_backend(self._kind)
         return self._backend
 
     async def tune(
@@ -493,6 +505,8 @@ class Router:
         """The seat of each actor that kept a result, by the actor's identity."""
         self.retries = 0
         """Requests sent again because their actor died."""
+        self._tuned: dict[str, PipelineDocument] = {}
+        """The winners of :meth:`tune`, by problem name: sent with each request naming one."""
 
     @property
     def alive(self) -> int:
@@ -517,6 +531,8 @@ class Router:
         mistake: a bad array, a bad scalar) as the actor raised it.
         """
         request_id = uuid.uuid4().hex
+        if isinstance(plan, str):  # a plan tuned through this router: sent as its document,
+            plan = self._tuned.get(plan, plan)  # so any actor serves it, adopted or not
         answer = await self._route(
             _call_key(plan, device_graph),
             arrays,
@@ -567,23 +583,28 @@ class Router:
     ) -> TuningResult:
         """Tune ``problem`` on one actor; every actor then serves its winner as ``problem.name``.
 
-        Requests that name the problem (``router.call(problem.name, ...)``)
-        then run the winning document. ``cache`` is the tuning cache file
-        the tuning actor uses (see :class:`~accy_async.tuning.TuningCache`),
-        ``settings`` how it measures.
-        An actor that dies while tuning hands the problem to another.
+        Requests through this router that name the problem
+        (``router.call(problem.name, ...)``) then carry the winning document,
+        so every actor runs it, one started since included; the other actors
+        are also handed it (:meth:`PipelineActorImpl.adopt`), for requests by
+        name from other routers, as far as they are alive. ``cache`` is the
+        tuning cache file the tuning actor uses (see
+        :class:`~accy_async.tuning.TuningCache`), ``settings`` how it
+        measures. An actor that dies while tuning hands the problem to another
+        (each death counted in :attr:`retries`).
         """
         while True:
-            seat = self._choose((problem.name, False))
+            seat = self._choose((problem.name, False))  # none left alive: RuntimeUnavailable
             try:
                 result: TuningResult = await self._send(
                     seat, lambda seat=seat: seat.actor.tune.remote(problem, cache, settings)
                 )
-            except _Died:
+            except _Died as died:
+                self.retries += died.sent
                 continue
             break
         if result.winner is not None:
-            document = result.tuned_document(problem)
+            document = self._tuned[problem.name] = result.tuned_document(problem)
             for other in self._seats:
                 if other is not seat and other.alive:
                     with contextlib.suppress(_Died):  # died: it serves nothing now

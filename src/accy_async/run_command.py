@@ -26,7 +26,7 @@ from . import library
 from .backends import open_backend
 from .backends.cpu import host_memory_available
 from .buffers import download, upload
-from .cli_arguments import BACKEND_HELP, BACKENDS, Progress, load_document
+from .cli_arguments import BACKEND_HELP, Progress, backend_kind, load_document
 from .cli_trust import add_trust_arguments, trust_policy_from, untrusted_explained
 from .errors import AccyError, OutOfDeviceMemory
 from .pipeline import PipelineLaunch, choose_format, launch_pipeline
@@ -92,7 +92,7 @@ def _add_run_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--force", action="store_true", help="overwrite .npy files already in --out"
     )
-    command.add_argument("--backend", choices=BACKENDS, default="auto", help=BACKEND_HELP)
+    command.add_argument("--backend", type=backend_kind, default="auto", help=BACKEND_HELP)
     command.add_argument("--seed", type=int, default=0, help="seed of generated operands")
     command.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_trust_arguments(command)

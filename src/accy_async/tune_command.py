@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from .backends import open_backend
-from .cli_arguments import BACKEND_HELP, BACKENDS, existing_file, positive_float, positive_int
+from .cli_arguments import BACKEND_HELP, backend_kind, existing_file, positive_float, positive_int
 from .cli_trust import add_trust_arguments, trust_policy_from, untrusted_explained
 from .errors import AccyError
 from .library import DEFAULT_TUNING_N, tuning_document
@@ -49,7 +49,7 @@ def add_tune_parser(commands: Any) -> None:
     )
     command.add_argument(
         "--backend",
-        choices=BACKENDS,
+        type=backend_kind,
         default="auto",
         help=BACKEND_HELP,
     )

@@ -99,7 +99,8 @@ __all__ = [
     "unregister_cpu_kernel",
 ]
 
-BackendKind: TypeAlias = Literal["auto", "cuda", "cpu", "recording"]
+BackendKind: TypeAlias = Literal["auto", "cuda", "cpu", "recording"] | str
+"""``auto``, ``cuda``, ``cuda:N`` (the CUDA device of ordinal ``N``), ``cpu`` or ``recording``."""
 
 logger = logging.getLogger("accy_async")
 
@@ -117,9 +118,18 @@ def auto_backend_choice() -> tuple[Literal["cuda", "cpu"], str]:
 def create_backend(kind: BackendKind = "auto", **options: Any) -> Backend:
     """A new backend of ``kind``; close it with ``await backend.aclose()``.
 
-    ``options`` go to the backend's constructor (``limits=``, and for CUDA
-    ``device=``). Prefer :func:`open_backend`, which closes it for you.
+    ``kind`` is ``auto``, ``cpu``, ``recording``, ``cuda`` (device 0 unless
+    ``device=`` says otherwise) or ``cuda:N`` (device ``N``). ``options`` go to
+    the backend's constructor (``limits=``, and for CUDA ``device=``). Prefer
+    :func:`open_backend`, which closes it for you.
     """
+    if kind.startswith("cuda:"):
+        ordinal = kind.removeprefix("cuda:")
+        if not ordinal.isdigit():
+            raise ValueError(f"backend kind {kind!r}: expected cuda:N, N a device ordinal")
+        if "device" in options:
+            raise ValueError(f"backend kind {kind!r} names the device: do not pass device= too")
+        kind, options = "cuda", {**options, "device": int(ordinal)}
     if kind == "auto":
         kind, reason = auto_backend_choice()
         logger.info("accy-async: auto backend is %s: %s", kind, reason)
@@ -134,7 +144,9 @@ def create_backend(kind: BackendKind = "auto", **options: Any) -> Backend:
             raise RuntimeUnavailable(f"the CUDA backend cannot be imported: {exc}") from exc
         backend: Backend = CudaBackend(**options)
         return backend
-    raise ValueError(f"unknown backend kind {kind!r}; expected auto, cuda, cpu or recording")
+    raise ValueError(
+        f"unknown backend kind {kind!r}; expected auto, cuda, cuda:N, cpu or recording"
+    )
 
 
 @asynccontextmanager

@@ -134,6 +134,59 @@ class BufferOperations(BackendCore):
                 bytes=size,
             )
 
+    def copy_from(
+        self,
+        source_backend: BufferOperations,
+        source: BufferHandle,
+        destination: BufferHandle,
+        byte_size: int | None = None,
+        *,
+        source_offset: int = 0,
+        destination_offset: int = 0,
+        after: StreamLike | None = None,
+        stream: StreamLike | None = None,
+    ) -> None:
+        """Enqueue on ``stream`` a copy from another backend's buffer (another device's, say).
+
+        The copy runs after the work queued so far on ``after`` (a stream of
+        ``source_backend``; its default when ``None``), ordered on the device,
+        with no host synchronisation; later work on ``stream`` sees it. The
+        source buffer must stay alive until the copy has run (await ``stream``
+        first). CUDA backends only (peer copies, direct where the devices
+        allow peer access, else staged by the driver); elsewhere
+        :class:`~accy_async.errors.UnsupportedOperation`:
+        :func:`accy_async.copy_between` stages any pair through the host.
+        """
+        self._check_usable()
+        source_backend._check_usable()
+        size = source.byte_size - source_offset if byte_size is None else byte_size
+        source_backend._check_range(source, source_offset, size)
+        self._check_range(destination, destination_offset, size)
+        source_stream = source_backend._stream(after)
+        handle = self._stream(stream)
+        if not size:
+            return
+
+        def enqueue() -> None:
+            self._copy_from(
+                source_backend,
+                source,
+                source_offset,
+                destination,
+                destination_offset,
+                size,
+                source_stream,
+                handle,
+            )
+
+        if self.tracer is None:
+            enqueue()
+        else:
+            where = (
+                f"{size} bytes from {source_backend.kind} buffer {source.id} to {destination.id}"
+            )
+            self._traced("copy", where, handle, enqueue, bytes=size)
+
     def enqueue_read(
         self,
         buffer: BufferHandle,

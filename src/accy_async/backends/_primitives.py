@@ -67,6 +67,24 @@ class BackendPrimitives(abc.ABC):
         stream: StreamHandle,
     ) -> None: ...
 
+    def _copy_from(
+        self,
+        source_backend: Any,
+        source: BufferHandle,
+        source_offset: int,
+        destination: BufferHandle,
+        destination_offset: int,
+        size: int,
+        after: StreamHandle,
+        stream: StreamHandle,
+    ) -> None:
+        """Copy from ``source_backend``'s buffer, on ``stream`` after ``after`` (default: none)."""
+        del source, source_offset, destination, destination_offset, size, after, stream
+        raise UnsupportedOperation(
+            f"the {self.kind} backend cannot copy from a {source_backend.kind} backend's buffer "
+            "on the device: accy_async.copy_between stages it through the host"
+        )
+
     @abc.abstractmethod
     async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact: ...
 

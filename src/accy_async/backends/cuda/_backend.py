@@ -93,6 +93,14 @@ class CudaBackend(Backend):
         self.polled_from_loop = anticipation
         self._compile_pool: CompilePool | None = None
         d = initialised_driver()
+        count = int(self._results.value(d.cuDeviceGetCount(), "counting the devices"))
+        if not 0 <= device < count:
+            raise RuntimeUnavailable(
+                f"there is no CUDA device {device}: this machine has {count} "
+                f"(ordinals 0-{count - 1})"
+                if count
+                else f"there is no CUDA device {device}: this machine has none"
+            )
         self._device = self._results.value(d.cuDeviceGet(device), f"opening device {device}")
         self._ordinal = device
         raw = self._results.value(d.cuDeviceGetName(256, self._device), "reading the device name")
@@ -147,6 +155,8 @@ class CudaBackend(Backend):
         )
         device_state.track(DEFAULT_STREAM_ID)
         self._device_state = device_state
+        self._peers: dict[int, bool] = {}
+        """Peer contexts seen by copies, by handle: whether this one reaches them directly."""
         self._copy_costs = {
             kind: device_state.forecast.model(kind, kind, byte_features)
             for kind in ("copy to the device", "copy to the host", "copy on the device", "fill")
@@ -251,6 +261,7 @@ class CudaBackend(Backend):
 
     def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
         d = driver()
+        self._device_state.bind()
         pointer = int(self._results.value(d.cuMemAlloc(byte_size), f"allocating {byte_size} bytes"))
         if pointer % alignment:
             self._device_state.janitor.submit(
@@ -306,6 +317,87 @@ class CudaBackend(Backend):
             "copying on the device",
         )
         self._device_state.ledger(stream).enqueue(self._copy_costs["copy on the device"], size)
+
+    def _copy_from(
+        self,
+        source_backend: Any,
+        source: BufferHandle,
+        source_offset: int,
+        destination: BufferHandle,
+        destination_offset: int,
+        size: int,
+        after: StreamHandle,
+        stream: StreamHandle,
+    ) -> None:
+        if not isinstance(source_backend, CudaBackend):
+            super()._copy_from(
+                source_backend,
+                source,
+                source_offset,
+                destination,
+                destination_offset,
+                size,
+                after,
+                stream,
+            )
+            return
+        d = driver()
+        peer: CudaBackend = source_backend
+        if after.native is not stream.native:  # ordered after the source's work, on the device
+            self._follow_peer(peer, after, stream)
+        if peer is not self and int(peer._context) != int(self._context):
+            self._enable_peer_access(peer)
+        self._results.check(
+            d.cuMemcpyPeerAsync(
+                destination.address + destination_offset,
+                self._context,
+                source.address + source_offset,
+                peer._context,
+                size,
+                stream.native,
+            ),
+            "copying from another device",
+        )
+        self._device_state.ledger(stream).enqueue(self._copy_costs["copy on the device"], size)
+
+    def _follow_peer(self, peer: CudaBackend, after: StreamHandle, stream: StreamHandle) -> None:
+        """``stream`` waits, on the device, for the work queued so far on ``peer``'s ``after``.
+
+        A marker of ``peer``'s context is recorded on ``after`` and waited for
+        on ``stream`` (a wait takes the record as it is when enqueued, so the
+        marker goes straight back to ``peer``'s pool). When ``after``'s work
+        ends is ``peer``'s to know: ``stream``'s forecast starts over.
+        """
+        d = driver()
+        marker = peer._device_state.take_marker()
+        try:
+            self._results.check(d.cuEventRecord(marker, after.native), "recording on a peer stream")
+            self._results.check(
+                d.cuStreamWaitEvent(stream.native, marker, 0), "waiting for a peer stream"
+            )
+        finally:
+            peer._device_state.recycle_marker(marker)
+        if peer is not self:
+            self._device_state.ledger(stream).lose_track()
+
+    def _enable_peer_access(self, peer: CudaBackend) -> None:
+        """Let this context reach ``peer``'s memory directly, where the devices allow it (once)."""
+        key = int(peer._context)
+        if key in self._peers:
+            return
+        d = driver()
+        can = int(
+            self._results.value(
+                d.cuDeviceCanAccessPeer(self._device, peer._device), "asking about peer access"
+            )
+        )
+        if can:
+            self._device_state.bind()
+            result = d.cuCtxEnablePeerAccess(peer._context, 0)[0]
+            already = d.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            if result != already:
+                self._results.check((result,), "enabling peer access")
+        self._peers[key] = bool(can)
 
     def _enqueue_read(
         self, buffer: BufferHandle, offset: int, size: int, stream: StreamHandle
@@ -375,6 +467,7 @@ class CudaBackend(Backend):
 
     def _create_stream(self, object_id: int) -> Any:
         d = driver()
+        self._device_state.bind()
         native = self._results.value(
             d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
         )
@@ -401,6 +494,7 @@ class CudaBackend(Backend):
 
     def _create_event(self, object_id: int, timing: bool) -> Any:
         d = driver()
+        self._device_state.bind()
         flags = d.CUevent_flags.CU_EVENT_DEFAULT if timing else self._device_state.event_flags
         return self._results.value(d.cuEventCreate(flags), "creating an event")
 

@@ -149,7 +149,7 @@ class DeviceState(DriverResults):
         self.reactor = CompletionReactor(context, poison, poll_interval=poll_interval)
         self._markers: list[Any] = []
         self._markers_lock = threading.Lock()
-        self.trace_clock = TraceClock(self.check)
+        self.trace_clock = TraceClock(self.check, self.bind)
         """Device times of traced work (idle, holding nothing, until something is traced)."""
 
     # ----- ledgers and records -------------------------------------------------------------
@@ -185,7 +185,7 @@ class DeviceState(DriverResults):
         """
         if self.staged:
             self._reclaim_staged()
-        return self.staging.take(size)
+        return self.staging.take(size, self.bind)
 
     def stage_until_copied(self, stream: StreamHandle, host: int, capacity: int) -> None:
         """Give ``host`` back to the pool once the copy just queued on ``stream`` has landed.
@@ -240,6 +240,17 @@ class DeviceState(DriverResults):
         for host, capacity in stranded:
             self.staging.give_back(host, capacity)
 
+    def bind(self) -> None:
+        """Make the backend's context current on the calling thread.
+
+        Called before each driver call that makes something in the current
+        context (memory, streams, events, graphs): another library, or a
+        backend of another device, may have made its own current on this
+        thread. Calls on existing objects (launches, copies, records on a
+        stream, queries) act in their objects' context and need no binding.
+        """
+        self.check(driver().cuCtxSetCurrent(self.context), "making the context current")
+
     # ----- markers -------------------------------------------------------------------------
 
     def take_marker(self) -> Any:
@@ -247,6 +258,7 @@ class DeviceState(DriverResults):
         with self._markers_lock:
             if self._markers:
                 return self._markers.pop()
+        self.bind()
         return self.value(driver().cuEventCreate(self.event_flags), "creating an event")
 
     def recycle_marker(self, native: Any) -> None:

@@ -143,6 +143,7 @@ def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGr
     """Build and instantiate a graph of ``nodes``; nothing is left behind on failure."""
     d = driver()
     built = CudaGraph()
+    device.bind()
     graph = built.graph = device.value(d.cuGraphCreate(0), "creating a graph")
     try:
         for node in nodes:

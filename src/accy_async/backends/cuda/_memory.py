@@ -28,13 +28,18 @@ class Staging:
         self._pooled = 0
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> tuple[int, int]:
+    def take(self, size: int, bind: Callable[[], None]) -> tuple[int, int]:
+        """A pinned block of at least ``size`` bytes, ``(pointer, capacity)``.
+
+        Pooled, or new (``bind()`` first makes the backend's context current).
+        """
         capacity = max(_MIN_STAGING, 1 << (max(size, 1) - 1).bit_length())
         with self._lock:
             free = self._free.get(capacity)
             if free:
                 self._pooled -= capacity
                 return free.pop(), capacity
+        bind()
         d = driver()
         result, pointer = d.cuMemHostAlloc(capacity, 0)
         if int(result):
