@@ -184,3 +184,20 @@ async def test_a_producer_on_one_gpu_feeds_a_consumer_on_another() -> None:
         zero.destroy(producer)
         one.destroy_all([consumer, add_one])
         assert await live_after_drain(zero) == {} and await live_after_drain(one) == {}
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+async def test_a_launch_graph_spread_over_two_gpus() -> None:
+    """The diamond with its middle on GPU 1: slots cross both ways, results as on one GPU."""
+    from .test_graph_call import spread_document
+
+    x = np.arange(1000, dtype=np.float32)
+    async with accy.open_backend("cuda:0") as zero, accy.open_backend("cuda:1") as one:
+        for devices in ((0, 1, 1), (0, 1, 0), (1, 0, 1)):
+            document = spread_document(zero, devices)
+            async with accy.open_graph(document, backend=[zero, one]) as run:
+                for _ in range(5):
+                    out = await run({1: x}, read=[4])
+                    np.testing.assert_array_equal(out[4], x + (x + 1))
+        assert await live_after_drain(zero) == {} and await live_after_drain(one) == {}

@@ -261,3 +261,74 @@ async def test_slot_ids_are_whole_numbers_and_views_must_be_live(
             await run({1: view})
         assert raised.value.path == "$.inputs[1]"
     assert await live_after_drain(backend) == {}
+
+
+def spread_document(backend: accy.Backend, devices: tuple[int, int, int]) -> p.LaunchGraphDocument:
+    """The diamond's three kernels, node ``i`` on device ``devices[i]``: copy 1 -> 2, add one
+    1 -> 3, add 2 + 3 -> 4 (= 2 * x + 1)."""
+    document = diamond_document(backend, None)
+    graph = p.LaunchGraphPlan(
+        nodes=tuple(p.GraphNode(kernel_index=i, device=d) for i, d in enumerate(devices)),
+        dependencies=(
+            p.GraphDependency(producer_node_index=0, consumer_node_index=2),
+            p.GraphDependency(producer_node_index=1, consumer_node_index=2),
+        ),
+        device_count=max(devices) + 1,
+    )
+    return p.LaunchGraphDocument(artifact_plan=document.artifact_plan, graph=graph)
+
+
+@pytest.mark.parametrize("devices", [(0, 1, 1), (1, 0, 1), (0, 1, 0), (1, 1, 0)])
+@pytest.mark.parametrize("one_backend", [False, True], ids=["two backends", "one backend twice"])
+async def test_a_graph_over_two_devices_gives_the_numbers_of_one(
+    executing_backend: accy.Backend, devices: tuple[int, int, int], one_backend: bool
+) -> None:
+    """Two CPU backends stand for two devices here (their copies go through the host); on the
+    GPU two CUDA backends of one device copy on the device; one backend may be both."""
+    kind = executing_backend.kind
+    rng = np.random.default_rng(11)
+    async with accy.open_backend(kind) as other:
+        backends = [executing_backend, executing_backend if one_backend else other]
+        document = spread_document(executing_backend, devices)
+        async with accy.open_graph(document, backend=backends, max_lanes=2) as run:
+            inputs = [rng.standard_normal(N).astype(np.float32) for _ in range(6)]
+            got: dict[int, dict[int, np.ndarray]] = {}
+
+            async def one(index: int) -> None:
+                got[index] = await run({1: inputs[index]}, read=[1, 2, 3, 4])
+
+            async with anyio.create_task_group() as tasks:
+                for index in range(len(inputs)):
+                    tasks.start_soon(one, index)
+            for index, x in enumerate(inputs):
+                np.testing.assert_array_equal(got[index][1], x)
+                np.testing.assert_array_equal(got[index][2], x)
+                np.testing.assert_array_equal(got[index][3], x + 1)
+                np.testing.assert_array_equal(got[index][4], x + (x + 1))
+        assert await live_after_drain(other) == {}
+    assert await live_after_drain(executing_backend) == {}
+
+
+async def test_graphs_over_devices_are_checked(cpu_backend: accy.CpuBackend) -> None:
+    backend = cpu_backend
+    document = spread_document(backend, (0, 1, 1))
+    with pytest.raises(accy.UnsupportedOperation) as raised:
+        async with accy.open_graph(document, backend=backend):
+            pass
+    assert raised.value.path == "$.graph.device_count"  # one backend for two devices
+    with pytest.raises(accy.UnsupportedOperation, match="one device graph"):
+        async with accy.open_graph(document, backend=[backend, backend], device_graph=True):
+            pass
+    assert document.graph is not None
+    kernels = await accy.load_kernels(backend, document.artifact_plan)
+    with pytest.raises(accy.UnsupportedOperation, match="open_graph") as raised:
+        await accy.launch_graph(kernels, {}, document.graph)
+    assert raised.value.path == "$.device_count"
+    await kernels.aclose()
+    with pytest.raises(accy.PlanError, match="device 2 does not exist"):
+        p.LaunchGraphPlan(nodes=(p.GraphNode(kernel_index=0, device=2),), device_count=2)
+    with pytest.raises(accy.PlanError, match="no streams, events or loops"):
+        p.LaunchGraphPlan(
+            nodes=(p.GraphNode(kernel_index=0, stream=0),), stream_count=1, device_count=2
+        )
+    assert await live_after_drain(backend) == {}

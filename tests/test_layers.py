@@ -42,7 +42,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_graph_enqueue",
     ),
     ("library", "trust"),
-    ("buffers", "interop", "arrays", "call", "_call_intake", "_call_lane", "graph_call"),
+    (
+        "buffers",
+        "interop",
+        "arrays",
+        "call",
+        "_call_intake",
+        "_call_lane",
+        "graph_call",
+        "_graph_lane",
+        "_graph_spread",
+    ),
     ("tuning",),
     (
         "cli",

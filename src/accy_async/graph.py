@@ -100,6 +100,12 @@ async def launch_graph(
     plan = kernels.artifact_plan
     if kernels.kernel_count != len(plan.kernels):
         raise InvalidArtifact("the loaded kernels do not match their artifact plan")
+    if graph.device_count > 1:
+        raise UnsupportedOperation(
+            f"a graph over {graph.device_count} devices runs through open_graph, given a "
+            "backend per device",
+            path="$.device_count",
+        )
     schedule = schedule_of(graph, plan)
     if len(events) < graph.event_count:
         raise LaunchArgumentMismatch(

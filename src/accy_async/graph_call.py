@@ -26,33 +26,45 @@ named is the plan's, each array's dtype and size fit its slot, each slot
 without an array has a size. A cancelled call returns at once; its lane's
 buffers are released once the device is done with them.
 
-A slot may also be given an :class:`~accy_async.arrays.ArrayView` of the
-same backend (a result kept in device memory): it is copied on the device.
-With ``device=True`` the slots read come back as new
+A slot may also be given an :class:`~accy_async.arrays.ArrayView` of one of
+the call's backends (a result kept in device memory): it is copied on the
+device. With ``device=True`` the slots read come back as new
 :class:`~accy_async.arrays.ArrayView` arrays instead of NumPy (on the CPU
 backend they are NumPy either way: its device memory is the host's).
+
+**Several devices.** A graph whose plan has ``device_count`` above one places
+its nodes on devices (:attr:`~accy_async.plan.GraphNode.device`), and the call
+takes a backend per device (``backend=[gpu0, gpu1]``, say
+``open_backend("cuda:0")`` and ``"cuda:1"``). Each device runs its nodes in
+list order on its lane's stream and keeps its own copy of each slot they use;
+a slot written on one device and used on another is copied across on the
+device (``cuMemcpyPeerAsync`` after a device-side wait between CUDA backends;
+through the host between others), and a dependency the plan names across
+devices is a device-side wait. Slots read back come from the device that
+wrote them last.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, SupportsIndex
 
 import anyio
 import numpy as np
 
+from ._graph_lane import GraphLane
 from ._graph_schedule import schedule_of
+from ._graph_spread import device_slots, run_spread
 from ._loops import checkpoint
 from .arrays import ArrayView
-from .backends import Backend, BufferBinding, BufferHandle, DeviceObject, StreamHandle
-from .buffers import download
+from .backends import Backend
 from .errors import LaunchArgumentMismatch, UnsupportedOperation
 from .graph import launch_all, launch_graph
-from .kernels import ElementCountBufferBinding, LaunchOptions, LoadedKernels, load_kernels
+from .kernels import LaunchOptions, LoadedKernels, load_kernels
 from .plan import LaunchGraphDocument, Slot
-from .waiting import release_when_idle, wait_stream
+from .waiting import wait_stream
 
 __all__ = ["DEFAULT_GRAPH_LANES", "GraphCall", "open_graph"]
 
@@ -68,41 +80,30 @@ _CLOSED_BEFORE: Final = "the graph call was closed before this one ran"
 def open_graph(
     document: LaunchGraphDocument,
     *,
-    backend: Backend,
+    backend: Backend | Sequence[Backend],
     max_lanes: int = DEFAULT_GRAPH_LANES,
     device_graph: bool | None = None,
 ) -> GraphCall:
     """The launch graph of ``document`` as an awaitable function; see the module docstring.
 
-    Use it as ``async with``: entering checks the graph against its plan
-    and loads the kernels, leaving waits for the calls in flight and frees
-    everything. ``device_graph`` is :func:`~accy_async.graph.launch_graph`'s
-    (``None``: a graph run before goes to the device as one graph where it
-    can). A graph that waits for or signals the caller's events cannot be
-    called this way (:class:`~accy_async.errors.UnsupportedOperation` on
-    entering), nor one ``device_graph=True`` cannot make one device graph.
+    ``backend`` is one backend, or one per device index for a graph over
+    several devices (at least the graph's ``device_count``). Use it as
+    ``async with``: entering checks the graph against its plan and loads the
+    kernels (on each backend), leaving waits for the calls in flight and
+    frees everything. ``device_graph`` is
+    :func:`~accy_async.graph.launch_graph`'s (``None``: a graph run before
+    goes to the device as one graph where it can; one device only). A graph
+    that waits for or signals the caller's events cannot be called this way
+    (:class:`~accy_async.errors.UnsupportedOperation` on entering), nor one
+    ``device_graph=True`` cannot make one device graph, nor one over more
+    devices than backends given.
     """
     if max_lanes < 1:
         raise ValueError(f"max_lanes must be at least 1, not {max_lanes}")
-    return GraphCall(document, backend, max_lanes, device_graph)
-
-
-@dataclass(eq=False)
-class _Lane:
-    """One call's streams and slot buffers, kept between calls."""
-
-    stream: StreamHandle
-    graph_streams: list[StreamHandle]
-    buffers: dict[int, BufferHandle] = field(default_factory=dict)
-    counts: list[BufferHandle] = field(default_factory=list)
-    count_bindings: list[ElementCountBufferBinding] = field(default_factory=list)
-
-    def objects(self) -> list[DeviceObject]:
-        return [*self.buffers.values(), *self.counts, *self.graph_streams, self.stream]
-
-    @property
-    def streams(self) -> list[StreamHandle]:
-        return [self.stream, *self.graph_streams]
+    backends = [backend] if isinstance(backend, Backend) else list(backend)
+    if not backends:
+        raise ValueError("open_graph needs at least one backend")
+    return GraphCall(document, backends, max_lanes, device_graph)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,22 +124,33 @@ class GraphCall:
     def __init__(
         self,
         document: LaunchGraphDocument,
-        backend: Backend,
+        backends: Sequence[Backend],
         max_lanes: int,
         device_graph: bool | None,
     ) -> None:
         self.document = document
-        self.backend = backend
+        graph = document.graph
+        self._devices = graph.device_count if graph is not None else 1
+        self.backends = list(backends[: self._devices])
+        """The backend of each device index (the first ``device_count`` given)."""
+        self.backend = self.backends[0]
+        """The backend of device 0 (the only one, for a graph on one device)."""
         self._device_graph = device_graph
-        self._kernels: LoadedKernels | None = None
-        self._free: list[_Lane] = []
+        self._kernels: list[LoadedKernels] | None = None
+        self._free: list[list[GraphLane]] = []
         self._slots = anyio.Semaphore(max_lanes)
         self._max_lanes = max_lanes
         self._closed = False
         plan = document.artifact_plan
         self._plan_slots: dict[int, Slot] = {slot.slot_id: slot for slot in plan.slots}
         self._default_read = tuple(dict.fromkeys(k.output_slot_id for k in plan.kernels))
-        self._stream_count = document.graph.stream_count if document.graph is not None else 0
+        self._stream_count = graph.stream_count if graph is not None else 0
+        self._device_slots: list[set[int]] = (
+            device_slots(graph, plan)
+            if graph is not None and self._devices > 1
+            else [set(self._plan_slots)]
+        )
+        self._given_backends = len(backends)
 
     @property
     def closed(self) -> bool:
@@ -150,22 +162,43 @@ class GraphCall:
         return self._closed
 
     async def __aenter__(self) -> GraphCall:
-        graph = self.document.graph
-        if graph is not None:
-            schedule = schedule_of(graph, self.document.artifact_plan)  # checked against the plan
-            if graph.event_count:
-                raise UnsupportedOperation(
-                    f"the graph uses {graph.event_count} of the caller's events: a graph call "
-                    "binds none (use launch_graph)",
-                    path="$.graph.event_count",
-                )
-            if self._device_graph is True and schedule.graph_refusal is not None:
-                raise UnsupportedOperation(
-                    f"this graph cannot be one device graph: {schedule.graph_refusal}",
-                    path="$.graph",
-                )
-        self._kernels = await load_kernels(self.backend, self.document.artifact_plan)
+        self._check_graph()
+        loaded: dict[int, LoadedKernels] = {}
+        try:
+            for backend in self.backends:  # once per backend, whatever its device indices
+                if id(backend) not in loaded:
+                    plan = self.document.artifact_plan
+                    loaded[id(backend)] = await load_kernels(backend, plan)
+        except BaseException:
+            for kernels in loaded.values():
+                await kernels.aclose()
+            raise
+        self._kernels = [loaded[id(backend)] for backend in self.backends]
         return self
+
+    def _check_graph(self) -> None:
+        """Refuse, before anything loads, a graph this call cannot run."""
+        graph = self.document.graph
+        if graph is None:
+            return
+        schedule = schedule_of(graph, self.document.artifact_plan)  # checked against the plan
+        if graph.event_count:
+            raise UnsupportedOperation(
+                f"the graph uses {graph.event_count} of the caller's events: a graph call "
+                "binds none (use launch_graph)",
+                path="$.graph.event_count",
+            )
+        if self._given_backends < self._devices:
+            raise UnsupportedOperation(
+                f"the graph runs on {self._devices} devices, {self._given_backends} "
+                "backend(s) were given",
+                path="$.graph.device_count",
+            )
+        if self._device_graph is True and (self._devices > 1 or schedule.graph_refusal):
+            why = schedule.graph_refusal or "it spans several devices"
+            raise UnsupportedOperation(
+                f"this graph cannot be one device graph: {why}", path="$.graph"
+            )
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -193,15 +226,15 @@ class GraphCall:
                 self._slots.release()
 
     async def _release_all(self) -> None:
-        lanes, self._free = self._free, []
-        kernels, self._kernels = self._kernels, None
-        objects = [each for lane in lanes for each in lane.objects()]
-        streams = [each for lane in lanes for each in lane.streams]
+        crews, self._free = self._free, []
+        loaded, self._kernels = self._kernels or [], None
         try:
-            if kernels is not None:
-                await kernels.aclose()
+            for kernels in {id(each): each for each in loaded}.values():
+                await kernels.aclose()  # waits for every stream it ran on
         finally:
-            await release_when_idle(self.backend, objects, streams)
+            for crew in crews:
+                for lane in crew:
+                    await lane.release()
 
     async def __call__(
         self,
@@ -228,14 +261,15 @@ class GraphCall:
         async with self._slots:
             if self._closed_now():
                 raise LaunchArgumentMismatch(_CLOSED_BEFORE)
-            lane = self._free.pop() if self._free else self._new_lane(kernels)
+            crew = self._free.pop() if self._free else self._new_crew()
             try:
-                results = await self._run(kernels, lane, request, device)
+                results = await self._run(kernels, crew, request, device)
             except BaseException:
-                # The device may still use the lane: it goes once its streams are idle.
-                await release_when_idle(self.backend, lane.objects(), lane.streams)
+                # The devices may still use the lanes: they go once their streams are idle.
+                for lane in crew:
+                    await lane.release()
                 raise
-            self._free.append(lane)  # a close waits for this call to give its lane back
+            self._free.append(crew)  # a close waits for this call to give its lanes back
             return results
 
     # ----- checks ---------------------------------------------------------------------------
@@ -294,9 +328,11 @@ class GraphCall:
         """``array`` as the call binds it (a contiguous NumPy array or a view), and its bytes."""
         path = f"$.inputs[{slot.slot_id}]"
         if isinstance(array, ArrayView):
-            if array.backend is not self.backend or not self.backend.owns(array.buffer):
+            if not any(array.backend is each for each in self.backends) or not array.backend.owns(
+                array.buffer
+            ):
                 raise LaunchArgumentMismatch(
-                    f"slot {slot.slot_id}: the array is not a live array of this backend",
+                    f"slot {slot.slot_id}: the array is not a live array of this call's backends",
                     path=path,
                 )
             value: Any = array
@@ -328,93 +364,61 @@ class GraphCall:
 
     # ----- running --------------------------------------------------------------------------
 
-    def _new_lane(self, kernels: LoadedKernels) -> _Lane:
-        backend = self.backend
-        lane = _Lane(backend.create_stream(), [])
+    def _new_crew(self) -> list[GraphLane]:
+        """A lane per device index."""
+        crew: list[GraphLane] = []
         try:
-            lane.graph_streams.extend(backend.create_stream() for _ in range(self._stream_count))
-            for kernel in kernels.artifact_plan.kernels:
-                if kernel.element_count_argument != "device_buffer_u32":
-                    continue
-                count = backend.allocate_buffer(4)
-                lane.counts.append(count)
-                value = np.array([kernel.element_count_argument_value], np.uint32)
-                backend.write_buffer(count, value.data, stream=lane.stream)
-                lane.count_bindings.append(
-                    ElementCountBufferBinding(kernel.kernel_id, count.bind("read_only"))
-                )
+            plan, streams = self.document.artifact_plan, self._stream_count
+            crew.extend(GraphLane.open(backend, plan, streams) for backend in self.backends)
         except BaseException:
-            backend.destroy_all(lane.objects())
+            for lane in crew:
+                lane.backend.destroy_all(lane.objects())
             raise
-        return lane
-
-    def _bindings(self, lane: _Lane, request: _Request) -> dict[int, BufferBinding]:
-        """Each slot's buffer for this call, grown where a call needs more than the lane has."""
-        backend = self.backend
-        bindings: dict[int, BufferBinding] = {}
-        for slot_id, size in request.sizes.items():
-            buffer = lane.buffers.get(slot_id)
-            if buffer is None or buffer.byte_size < size:
-                if buffer is not None:
-                    del lane.buffers[slot_id]
-                    backend.defer_destroy([buffer], after=lane.streams)
-                buffer = lane.buffers[slot_id] = backend.allocate_buffer(size)
-            bindings[slot_id] = BufferBinding(buffer, byte_size=size)
-        return bindings
+        return crew
 
     async def _run(
-        self, kernels: LoadedKernels, lane: _Lane, request: _Request, device: bool
+        self,
+        kernels: list[LoadedKernels],
+        crew: list[GraphLane],
+        request: _Request,
+        device: bool,
     ) -> GraphArrays:
-        backend = self.backend
-        bindings = self._bindings(lane, request)
-        for slot_id, binding in bindings.items():
-            value = request.given.get(slot_id)
-            if value is None:
-                if binding.byte_size % 4 == 0:
-                    backend.fill_buffer(binding.handle, 0, stream=lane.stream)
-                else:
-                    backend.write_buffer(
-                        binding.handle, bytes(binding.byte_size), stream=lane.stream
-                    )
-            elif isinstance(value, ArrayView):
-                if value.live_stream is not None and value.live_stream is not lane.stream:
-                    await wait_stream(backend, value.live_stream)
-                backend.copy_buffer(value.buffer, binding.handle, value.nbytes, stream=lane.stream)
-            else:
-                backend.write_buffer(binding.handle, value.view(np.uint8).data, stream=lane.stream)
+        bindings = [
+            lane.bind({slot: request.sizes[slot] for slot in slots})
+            for lane, slots in zip(crew, self._device_slots, strict=True)
+        ]
+        for lane, lane_bindings in zip(crew, bindings, strict=True):
+            await lane.put(lane_bindings, request.given)
         graph = self.document.graph
-        if graph is None:
-            run = await launch_all(
-                kernels, bindings, lane.count_bindings, LaunchOptions(stream=lane.stream)
-            )
+        lane = crew[0]
+        if graph is not None and self._devices > 1:
+            holders = await run_spread(graph, self.document.artifact_plan, crew, kernels, bindings)
+            for each in crew:
+                await wait_stream(each.backend, each.stream)
         else:
-            if lane.graph_streams:  # the graph's own streams start after the writes land
-                await wait_stream(backend, lane.stream)
-            run = await launch_graph(
-                kernels,
-                bindings,
-                graph,
-                lane.count_bindings,
-                streams=lane.graph_streams,
-                default_stream=lane.stream,
-                device_graph=self._device_graph,
+            holders = dict.fromkeys(bindings[0], 0)
+            counts = list(lane.count_bindings.values())
+            if graph is None:
+                run = await launch_all(
+                    kernels[0], bindings[0], counts, LaunchOptions(stream=lane.stream)
+                )
+            else:
+                if lane.graph_streams:  # the graph's own streams start after the writes land
+                    await wait_stream(lane.backend, lane.stream)
+                run = await launch_graph(
+                    kernels[0],
+                    bindings[0],
+                    graph,
+                    counts,
+                    streams=lane.graph_streams,
+                    default_stream=lane.stream,
+                    device_graph=self._device_graph,
+                )
+            await run.wait()
+        results: GraphArrays = {}
+        for slot_id in request.read:
+            holder = holders[slot_id]
+            results[slot_id] = await crew[holder].take(
+                bindings[holder][slot_id], request.dtypes[slot_id], device
             )
-        await run.wait()
-        return {
-            slot_id: await self._result(lane, bindings[slot_id], request.dtypes[slot_id], device)
-            for slot_id in request.read
-        }
-
-    async def _result(
-        self, lane: _Lane, binding: BufferBinding, dtype: np.dtype[Any], device: bool
-    ) -> Any:
-        backend = self.backend
-        count = binding.byte_size // dtype.itemsize
-        if not device or backend.kind == "cpu":
-            return await download(backend, binding.handle, dtype, count, stream=lane.stream)
-        view = ArrayView.allocate(backend, dtype, count)
-        view.stream = lane.stream  # dropped before the copy ran: freed after it
-        backend.copy_buffer(binding.handle, view.buffer, view.nbytes, stream=lane.stream)
-        await wait_stream(backend, lane.stream)  # the lane's next call may overwrite the slot
-        view.stream = None  # written: the lane's stream is not the view's to follow
-        return view
+        return results

@@ -67,6 +67,13 @@ class BackendPrimitives(abc.ABC):
         stream: StreamHandle,
     ) -> None: ...
 
+    def _follow_peer(self, peer: Any, after: StreamHandle, stream: StreamHandle) -> None:
+        """``stream`` waits, on the device, for ``peer``'s ``after`` so far (default: cannot)."""
+        del after, stream
+        raise UnsupportedOperation(
+            f"the {self.kind} backend cannot wait on the device for a {peer.kind} backend's stream"
+        )
+
     def _copy_from(
         self,
         source_backend: Any,

@@ -118,6 +118,28 @@ class StreamOperations(BackendCore):
         self._check_usable()
         self._follow_foreign(self._stream(stream), raw_stream_handle(foreign))
 
+    def follow_peer_stream(
+        self, stream: StreamLike | None, peer: StreamOperations, after: StreamLike | None
+    ) -> None:
+        """Make ``stream`` wait, on the device, for the work queued so far on ``peer``'s ``after``.
+
+        ``peer`` is another backend (another device's, say) or this one. Nothing
+        waits on the host. Between two backends only CUDA's can
+        (:class:`~accy_async.errors.UnsupportedOperation` otherwise: wait for
+        ``after`` on the host instead).
+        """
+        self._check_usable()
+        peer._check_usable()
+        handle, peer_handle = self._stream(stream), peer._stream(after)
+        if peer is self:
+            if handle is not peer_handle:
+                event = self.create_event()
+                self._record(event, peer_handle)
+                self._wait(handle, event)
+                self.defer_destroy([event], after=handle)
+            return
+        self._follow_peer(peer, peer_handle, handle)
+
     def lead_foreign_stream(self, foreign: StreamLike, stream: StreamLike | None) -> None:
         """Make the raw stream ``foreign`` wait, on the device, for the work queued on ``stream``.
 

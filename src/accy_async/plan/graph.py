@@ -2,7 +2,9 @@
 
 A plan names streams and events by index (``stream_count`` and ``event_count``
 of them); :func:`accy_async.graph.launch_graph` binds the indices to real
-backend streams and events when it runs the graph.
+backend streams and events when it runs the graph. A plan may also place its
+nodes on devices, by index (``device_count`` of them):
+:func:`accy_async.open_graph` binds the indices to backends, one per device.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ __all__ = [
 
 _MAX_GRAPH_NODES: Final = 1_000_000
 _MAX_STREAMS: Final = 64
+_MAX_DEVICES: Final = 64
 _MAX_EVENTS: Final = 4096
 _MAX_TRIP_COUNT: Final = 2**32 - 1
 
 NodeIndex = Annotated[int, msgspec.Meta(ge=0, lt=_MAX_GRAPH_NODES)]
 StreamIndex = Annotated[int, msgspec.Meta(ge=0, lt=_MAX_STREAMS)]
 EventIndex = Annotated[int, msgspec.Meta(ge=0, lt=_MAX_EVENTS)]
+DeviceIndex = Annotated[int, msgspec.Meta(ge=0, lt=_MAX_DEVICES)]
 
 
 class GraphNode(Base, frozen=True):
@@ -43,6 +47,8 @@ class GraphNode(Base, frozen=True):
     stream). ``wait_events`` and ``signal_event`` index the run's external
     events: the launch waits on the former and the latter is recorded after it.
     ``runtime_scalar_arguments`` override the kernel's defaults when given.
+    ``device`` is an index into the devices the graph runs on (see
+    :attr:`LaunchGraphPlan.device_count`).
     """
 
     kernel_index: NodeIndex
@@ -51,6 +57,7 @@ class GraphNode(Base, frozen=True):
     signal_event: EventIndex | None = None
     tuning: LaunchTuning = NO_TUNING
     runtime_scalar_arguments: tuple[ScalarArgument, ...] = ()
+    device: DeviceIndex = 0
 
 
 class GraphDependency(Base, frozen=True):
@@ -92,6 +99,13 @@ class LaunchGraphPlan(Base, frozen=True):
     forward in the list (a backward one is reported, and named a cycle when it
     closes one). Loops run in host order and cannot be combined with
     cross-stream dependencies.
+
+    With ``device_count`` above one the nodes are placed on devices
+    (:attr:`GraphNode.device`): each device's nodes run in list order on one
+    stream of its own, and a node reads the latest version of each of its
+    slots, copied from the device that wrote it (see
+    :func:`accy_async.open_graph`). Such a graph names no streams, events or
+    loops.
     """
 
     nodes: Annotated[tuple[GraphNode, ...], msgspec.Meta(max_length=_MAX_GRAPH_NODES)]
@@ -99,11 +113,36 @@ class LaunchGraphPlan(Base, frozen=True):
     loops: tuple[GraphLoop, ...] = ()
     stream_count: Annotated[int, msgspec.Meta(ge=0, le=_MAX_STREAMS)] = 0
     event_count: Annotated[int, msgspec.Meta(ge=0, le=_MAX_EVENTS)] = 0
+    device_count: Annotated[int, msgspec.Meta(ge=1, le=_MAX_DEVICES)] = 1
 
     def __post_init__(self) -> None:
+        self._check_devices()
         self._check_nodes()
         self._check_dependencies()
         self._check_loops()
+
+    def _check_devices(self) -> None:
+        for index, node in enumerate(self.nodes):
+            if node.device >= self.device_count:
+                raise plan_error(
+                    f"device {node.device} does not exist (the graph has {self.device_count})",
+                    "nodes",
+                    index,
+                    "device",
+                )
+        if self.device_count == 1:
+            return
+        for field, count in (
+            ("stream_count", self.stream_count),
+            ("event_count", self.event_count),
+            ("loops", len(self.loops)),
+        ):
+            if count:
+                raise plan_error(
+                    f"a graph over {self.device_count} devices takes no streams, events or "
+                    "loops (each device's nodes run on one stream of its own)",
+                    field,
+                )
 
     def _check_nodes(self) -> None:
         for index, node in enumerate(self.nodes):

@@ -360,7 +360,7 @@ class CudaBackend(Backend):
         )
         self._device_state.ledger(stream).enqueue(self._copy_costs["copy on the device"], size)
 
-    def _follow_peer(self, peer: CudaBackend, after: StreamHandle, stream: StreamHandle) -> None:
+    def _follow_peer(self, peer: Any, after: StreamHandle, stream: StreamHandle) -> None:
         """``stream`` waits, on the device, for the work queued so far on ``peer``'s ``after``.
 
         A marker of ``peer``'s context is recorded on ``after`` and waited for
@@ -368,6 +368,9 @@ class CudaBackend(Backend):
         marker goes straight back to ``peer``'s pool). When ``after``'s work
         ends is ``peer``'s to know: ``stream``'s forecast starts over.
         """
+        if not isinstance(peer, CudaBackend):
+            super()._follow_peer(peer, after, stream)
+            return
         d = driver()
         marker = peer._device_state.take_marker()
         try:
