@@ -88,7 +88,7 @@ async def test_bad_ranges_are_refused_before_anything_is_enqueued() -> None:
 
 
 def test_backend_kinds_name_a_device() -> None:
-    for kind in ("cuda:x", "cuda:", "cuda:-1"):
+    for kind in ("cuda:x", "cuda:", "cuda:-1", "cuda:²", "cuda:٣"):
         with pytest.raises(ValueError, match="cuda:N"):
             accy.create_backend(kind)
     with pytest.raises(ValueError, match="do not pass device="):
@@ -129,6 +129,7 @@ async def test_a_backend_keeps_to_its_context_when_another_is_current() -> None:
             assert int(d.cuCtxSetCurrent(other)[0]) == 0
             buffer = backend.allocate_buffer(4 * N)
             stream = backend.create_stream()
+            assert int(d.cuCtxGetCurrent()[1]) == int(other)  # the other context current again
             owner = d.cuPointerGetAttribute(
                 d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_CONTEXT, buffer.address
             )[1]

@@ -332,3 +332,72 @@ async def test_graphs_over_devices_are_checked(cpu_backend: accy.CpuBackend) -> 
             nodes=(p.GraphNode(kernel_index=0, stream=0),), stream_count=1, device_count=2
         )
     assert await live_after_drain(backend) == {}
+
+
+async def test_a_slot_copied_out_is_not_overwritten_before_the_copy_ran(
+    executing_backend: accy.Backend,
+) -> None:
+    """Device 1 is busy (a slow fill) when it is asked to copy slot 1 from device 0; device 0
+    then overwrites slot 1. The copy must see the first value: device 0's overwrite waits for
+    device 1's stream (the plan names no dependency: the slots say it all)."""
+    backend = executing_backend
+
+    def fill(kernel_id: int, slot: int, value: float, spin_ns: int) -> p.PlannedKernel:
+        scalars = (p.U32(N), p.F32(value), p.U64(spin_ns))
+        return planned(
+            backend, kernel_id, "slow_fill_f32", slot, scalars=scalars, launch_resources=geometry(N)
+        )
+
+    plan = p.ArtifactPlan(
+        slots=tuple(p.Slot(slot_id=i, byte_size=4 * N, dtype=p.DType.F32) for i in (1, 2, 3)),
+        kernels=(
+            fill(0, 3, 9.0, 200_000_000),
+            fill(1, 1, 1.0, 0),
+            elementwise(backend, 2, "copy_f32", 2, (1,), N),
+            fill(3, 1, 2.0, 0),
+        ),
+    )
+    graph = p.LaunchGraphPlan(
+        nodes=tuple(p.GraphNode(kernel_index=i, device=d) for i, d in enumerate((1, 0, 1, 0))),
+        device_count=2,
+    )
+    document = p.LaunchGraphDocument(artifact_plan=plan, graph=graph)
+    async with accy.open_backend(backend.kind) as other:
+        async with accy.open_graph(document, backend=[backend, other]) as run:
+            out = await run(read=[1, 2, 3])
+        np.testing.assert_array_equal(out[2], 1.0)  # copied before the overwrite
+        np.testing.assert_array_equal(out[1], 2.0)
+        np.testing.assert_array_equal(out[3], 9.0)
+        assert await live_after_drain(other) == {}
+    assert await live_after_drain(backend) == {}
+
+
+async def test_cancelled_calls_and_closes_over_devices_leave_nothing(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    backend = cpu_backend
+    slow = slow_document(backend, 300_000_000)
+    spread = p.LaunchGraphDocument(
+        artifact_plan=slow.artifact_plan,
+        graph=p.LaunchGraphPlan(
+            nodes=(p.GraphNode(kernel_index=0, device=0), p.GraphNode(kernel_index=1, device=1)),
+            device_count=2,
+        ),
+    )
+    async with accy.open_backend("cpu") as other:
+        async with accy.open_graph(spread, backend=[backend, other]) as run:
+            with anyio.move_on_after(0.05):
+                await run()
+        # A close cancelled with lanes on both devices, and one with two lanes on one device.
+        for document, backends in ((spread, [backend, other]), (slow, [backend])):
+            run = accy.open_graph(document, backend=backends, max_lanes=2)
+            await run.__aenter__()
+            async with anyio.create_task_group() as tasks:  # two calls at once: two lanes
+                tasks.start_soon(run)
+                tasks.start_soon(run)
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await run.aclose()
+            assert scope.cancelled_caught
+        assert await live_after_drain(other) == {}
+    assert await live_after_drain(backend) == {}

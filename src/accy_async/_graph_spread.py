@@ -8,8 +8,11 @@ on another device is copied to ``d`` (:func:`~accy_async.copy_between`: on the
 device, after the writer's stream, between CUDA backends), and ``d``'s stream
 waits for the stream of each producer the plan names on another device (on
 the device where the backends can, else on the host). After it, the slot it
-writes is ``d``'s alone until copied elsewhere. Reads come from the device
-holding the latest version.
+writes is ``d``'s alone until copied elsewhere. A copy reads its source on the
+destination's stream, so before a device overwrites its copy of a slot (a
+kernel's output, or a copy coming in) its stream waits for every stream that
+copied that slot out of it since. Reads come from the device holding the
+latest version.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ async def run_spread(
     start there). Returns once everything is enqueued; the caller awaits the
     lanes' streams.
     """
+    readers: dict[tuple[int, int], set[int]] = {}
+    """The devices whose streams copied a device's copy of a slot out since it was written."""
+
+    async def before_writing(slot_id: int, device: int) -> None:
+        for reader in readers.pop((slot_id, device), ()):
+            if reader != device:  # that copy out must have run before this overwrite
+                await _follow(lanes[device], lanes[reader])
+
     valid: dict[int, set[int]] = {}
     for device, device_bindings in enumerate(bindings):
         for slot_id in device_bindings:
@@ -72,6 +83,7 @@ async def run_spread(
             if device not in here:  # its latest version is elsewhere: copy it over
                 source = latest.get(slot_id, min(here))
                 into = bindings[device][slot_id]
+                await before_writing(slot_id, device)
                 await copy_between(
                     lanes[source].backend,
                     bindings[source][slot_id].handle,
@@ -82,10 +94,16 @@ async def run_spread(
                     stream=lane.stream,
                 )
                 here.add(device)
+                readers.setdefault((slot_id, source), set()).add(device)
         for producer in producers.get(index, ()):
             other = graph.nodes[producer].device
             if other != device:
                 await _follow(lane, lanes[other])
+        written = [kernel.output_slot_id]
+        if kernel.scratch_fill_pattern is not None and kernel.input_slot_ids:
+            written.append(kernel.input_slot_ids[-1])  # filled, then the kernel may write it
+        for slot_id in written:
+            await before_writing(slot_id, device)
         count = lane.count_bindings.get(kernel.kernel_id)
         kernels[device].launch_kernel(
             node.kernel_index,
@@ -97,9 +115,6 @@ async def run_spread(
                 runtime_scalar_arguments=node.runtime_scalar_arguments,
             ),
         )
-        written = [kernel.output_slot_id]
-        if kernel.scratch_fill_pattern is not None and kernel.input_slot_ids:
-            written.append(kernel.input_slot_ids[-1])  # filled, then the kernel may write it
         for slot_id in written:
             valid[slot_id] = {device}
             latest[slot_id] = device

@@ -48,7 +48,8 @@ class Progress:
 
 def backend_kind(text: str) -> str:
     """An argparse type: one of :data:`BACKENDS`, or ``cuda:N``."""
-    if text in BACKENDS or (text.startswith("cuda:") and text.removeprefix("cuda:").isdigit()):
+    ordinal = text.removeprefix("cuda:")
+    if text in BACKENDS or (text.startswith("cuda:") and ordinal.isascii() and ordinal.isdigit()):
         return text
     raise argparse.ArgumentTypeError(f"{text!r} is not auto, cuda, cuda:N or cpu")
 

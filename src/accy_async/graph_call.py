@@ -46,8 +46,9 @@ wrote them last.
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, SupportsIndex
 
@@ -60,7 +61,7 @@ from ._graph_spread import device_slots, run_spread
 from ._loops import checkpoint
 from .arrays import ArrayView
 from .backends import Backend
-from .errors import LaunchArgumentMismatch, UnsupportedOperation
+from .errors import AccyError, LaunchArgumentMismatch, UnsupportedOperation
 from .graph import launch_all, launch_graph
 from .kernels import LaunchOptions, LoadedKernels, load_kernels
 from .plan import LaunchGraphDocument, Slot
@@ -170,8 +171,7 @@ class GraphCall:
                     plan = self.document.artifact_plan
                     loaded[id(backend)] = await load_kernels(backend, plan)
         except BaseException:
-            for kernels in loaded.values():
-                await kernels.aclose()
+            await _each(kernels.aclose for kernels in loaded.values())
             raise
         self._kernels = [loaded[id(backend)] for backend in self.backends]
         return self
@@ -228,13 +228,11 @@ class GraphCall:
     async def _release_all(self) -> None:
         crews, self._free = self._free, []
         loaded, self._kernels = self._kernels or [], None
+        unique = {id(each): each for each in loaded}.values()
         try:
-            for kernels in {id(each): each for each in loaded}.values():
-                await kernels.aclose()  # waits for every stream it ran on
+            await _each(kernels.aclose for kernels in unique)  # each waits for its streams
         finally:
-            for crew in crews:
-                for lane in crew:
-                    await lane.release()
+            await _each(lane.release for crew in crews for lane in crew)
 
     async def __call__(
         self,
@@ -265,9 +263,10 @@ class GraphCall:
             try:
                 results = await self._run(kernels, crew, request, device)
             except BaseException:
-                # The devices may still use the lanes: they go once their streams are idle.
-                for lane in crew:
-                    await lane.release()
+                # The devices may still use the lanes: they go once their streams are idle,
+                # each after the others' (a copy out of a lane's buffer runs on another's).
+                _join(crew)
+                await _each(lane.release for lane in crew)
                 raise
             self._free.append(crew)  # a close waits for this call to give its lanes back
             return results
@@ -422,3 +421,30 @@ class GraphCall:
                 bindings[holder][slot_id], request.dtypes[slot_id], device
             )
         return results
+
+
+async def _each(closers: Iterable[Callable[[], Awaitable[None]]]) -> None:
+    """Await every ``closer()``, even once one raised (a cancellation, say); then the first error.
+
+    A cancelled release hands its objects to the backend's deferred releases
+    before it raises, so every one of them is released either way.
+    """
+    first: BaseException | None = None
+    for close in closers:
+        try:
+            await close()
+        except BaseException as error:  # noqa: BLE001 - raised below, after the rest
+            first = first or error
+    if first is not None:
+        raise first
+
+
+def _join(crew: Sequence[GraphLane]) -> None:
+    """Each lane's stream waits, on the device, for every other lane's (where it can)."""
+    if len(crew) < 2:
+        return
+    for lane in crew:
+        for other in crew:
+            if other is not lane:
+                with contextlib.suppress(AccyError):  # cannot: its copies went through the host
+                    lane.backend.follow_peer_stream(lane.stream, other.backend, other.stream)

@@ -125,7 +125,7 @@ def create_backend(kind: BackendKind = "auto", **options: Any) -> Backend:
     """
     if kind.startswith("cuda:"):
         ordinal = kind.removeprefix("cuda:")
-        if not ordinal.isdigit():
+        if not (ordinal.isascii() and ordinal.isdigit()):
             raise ValueError(f"backend kind {kind!r}: expected cuda:N, N a device ordinal")
         if "device" in options:
             raise ValueError(f"backend kind {kind!r} names the device: do not pass device= too")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InvalidBuffer, LaunchArgumentMismatch, LimitExceeded
+from ..errors import InvalidBuffer, LaunchArgumentMismatch, LimitExceeded, UnsupportedOperation
 from ..plan import DType
 from ._core import BackendCore
 from ._handles import DEFAULT_ALIGNMENT, BufferHandle, Ownership, StreamLike
@@ -159,6 +159,11 @@ class BufferOperations(BackendCore):
         """
         self._check_usable()
         source_backend._check_usable()
+        if not self._copies_from(source_backend):
+            raise UnsupportedOperation(
+                f"the {self.kind} backend cannot copy from a {source_backend.kind} backend's "
+                "buffer on the device: accy_async.copy_between stages it through the host"
+            )
         size = source.byte_size - source_offset if byte_size is None else byte_size
         source_backend._check_range(source, source_offset, size)
         self._check_range(destination, destination_offset, size)

@@ -74,6 +74,11 @@ class BackendPrimitives(abc.ABC):
             f"the {self.kind} backend cannot wait on the device for a {peer.kind} backend's stream"
         )
 
+    def _copies_from(self, source_backend: Any) -> bool:
+        """Whether :meth:`_copy_from` can copy from ``source_backend``'s buffers (default: no)."""
+        del source_backend
+        return False
+
     def _copy_from(
         self,
         source_backend: Any,

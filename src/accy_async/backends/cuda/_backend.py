@@ -261,18 +261,20 @@ class CudaBackend(Backend):
 
     def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
         d = driver()
-        self._device_state.bind()
-        pointer = int(self._results.value(d.cuMemAlloc(byte_size), f"allocating {byte_size} bytes"))
-        if pointer % alignment:
-            self._device_state.janitor.submit(
-                "freeing a misaligned buffer", lambda: d.cuMemFree(pointer)
+        with self._device_state.bound():
+            pointer = int(
+                self._results.value(d.cuMemAlloc(byte_size), f"allocating {byte_size} bytes")
             )
-            padded = int(
-                self._results.value(
-                    d.cuMemAlloc(byte_size + alignment), f"allocating {byte_size} bytes"
+            if pointer % alignment:
+                self._device_state.janitor.submit(
+                    "freeing a misaligned buffer", lambda: d.cuMemFree(pointer)
                 )
-            )
-            return Allocation(padded, padded + (-padded) % alignment)
+                padded = int(
+                    self._results.value(
+                        d.cuMemAlloc(byte_size + alignment), f"allocating {byte_size} bytes"
+                    )
+                )
+                return Allocation(padded, padded + (-padded) % alignment)
         return Allocation(pointer, pointer)
 
     def _buffer_address(self, native: Any) -> int:
@@ -317,6 +319,9 @@ class CudaBackend(Backend):
             "copying on the device",
         )
         self._device_state.ledger(stream).enqueue(self._copy_costs["copy on the device"], size)
+
+    def _copies_from(self, source_backend: Any) -> bool:
+        return isinstance(source_backend, CudaBackend)
 
     def _copy_from(
         self,
@@ -374,7 +379,7 @@ class CudaBackend(Backend):
         d = driver()
         marker = peer._device_state.take_marker()
         try:
-            self._results.check(d.cuEventRecord(marker, after.native), "recording on a peer stream")
+            peer._results.check(d.cuEventRecord(marker, after.native), "recording on its stream")
             self._results.check(
                 d.cuStreamWaitEvent(stream.native, marker, 0), "waiting for a peer stream"
             )
@@ -395,8 +400,8 @@ class CudaBackend(Backend):
             )
         )
         if can:
-            self._device_state.bind()
-            result = d.cuCtxEnablePeerAccess(peer._context, 0)[0]
+            with self._device_state.bound():
+                result = d.cuCtxEnablePeerAccess(peer._context, 0)[0]
             already = d.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
             if result != already:
                 self._results.check((result,), "enabling peer access")
@@ -470,10 +475,10 @@ class CudaBackend(Backend):
 
     def _create_stream(self, object_id: int) -> Any:
         d = driver()
-        self._device_state.bind()
-        native = self._results.value(
-            d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
-        )
+        with self._device_state.bound():
+            native = self._results.value(
+                d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "creating a stream"
+            )
         self._device_state.track(object_id)
         return native
 
@@ -497,9 +502,9 @@ class CudaBackend(Backend):
 
     def _create_event(self, object_id: int, timing: bool) -> Any:
         d = driver()
-        self._device_state.bind()
         flags = d.CUevent_flags.CU_EVENT_DEFAULT if timing else self._device_state.event_flags
-        return self._results.value(d.cuEventCreate(flags), "creating an event")
+        with self._device_state.bound():
+            return self._results.value(d.cuEventCreate(flags), "creating an event")
 
     def _elapsed(self, start: EventHandle, end: EventHandle) -> float:
         d = driver()

@@ -10,10 +10,11 @@ poisons the backend through the ``poison`` callback).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ...errors import DeviceFault
@@ -149,7 +150,7 @@ class DeviceState(DriverResults):
         self.reactor = CompletionReactor(context, poison, poll_interval=poll_interval)
         self._markers: list[Any] = []
         self._markers_lock = threading.Lock()
-        self.trace_clock = TraceClock(self.check, self.bind)
+        self.trace_clock = TraceClock(self.check, self.bound)
         """Device times of traced work (idle, holding nothing, until something is traced)."""
 
     # ----- ledgers and records -------------------------------------------------------------
@@ -185,7 +186,7 @@ class DeviceState(DriverResults):
         """
         if self.staged:
             self._reclaim_staged()
-        return self.staging.take(size, self.bind)
+        return self.staging.take(size, self.bound)
 
     def stage_until_copied(self, stream: StreamHandle, host: int, capacity: int) -> None:
         """Give ``host`` back to the pool once the copy just queued on ``stream`` has landed.
@@ -240,16 +241,23 @@ class DeviceState(DriverResults):
         for host, capacity in stranded:
             self.staging.give_back(host, capacity)
 
-    def bind(self) -> None:
-        """Make the backend's context current on the calling thread.
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[None]:
+        """The backend's context current on this thread within the block, the previous after.
 
-        Called before each driver call that makes something in the current
-        context (memory, streams, events, graphs): another library, or a
-        backend of another device, may have made its own current on this
-        thread. Calls on existing objects (launches, copies, records on a
-        stream, queries) act in their objects' context and need no binding.
+        Around each driver call that makes something in the current context
+        (memory, streams, events, graphs, pinned blocks): another library, or
+        a backend of another device, may have made its own current on this
+        thread, and finds it current again after. Calls on existing objects
+        (launches, copies, records on a stream, queries) act in their objects'
+        context and need no binding.
         """
-        self.check(driver().cuCtxSetCurrent(self.context), "making the context current")
+        d = driver()
+        self.check(d.cuCtxPushCurrent(self.context), "making the context current")
+        try:
+            yield
+        finally:
+            d.cuCtxPopCurrent()
 
     # ----- markers -------------------------------------------------------------------------
 
@@ -258,8 +266,8 @@ class DeviceState(DriverResults):
         with self._markers_lock:
             if self._markers:
                 return self._markers.pop()
-        self.bind()
-        return self.value(driver().cuEventCreate(self.event_flags), "creating an event")
+        with self.bound():
+            return self.value(driver().cuEventCreate(self.event_flags), "creating an event")
 
     def recycle_marker(self, native: Any) -> None:
         """Give a marker back once the device is past its record (from any thread)."""

@@ -141,46 +141,9 @@ class CudaGraph:
 
 def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGraph:
     """Build and instantiate a graph of ``nodes``; nothing is left behind on failure."""
-    d = driver()
     built = CudaGraph()
-    device.bind()
-    graph = built.graph = device.value(d.cuGraphCreate(0), "creating a graph")
-    try:
-        for node in nodes:
-            kernel: Kernel = node.loaded.native
-            count = max(kernel.argument_count, 1)
-            slots = ctypes.create_string_buffer(8 * count)
-            base = ctypes.addressof(slots)
-            pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
-            params = d.CUDA_KERNEL_NODE_PARAMS()
-            params.func = kernel.function
-            dims = node.config.dims
-            (
-                params.gridDimX,
-                params.gridDimY,
-                params.gridDimZ,
-                params.blockDimX,
-                params.blockDimY,
-                params.blockDimZ,
-                params.sharedMemBytes,
-            ) = dims
-            params.kernelParams = ctypes.addressof(pointers)
-            dependencies = [built.nodes[before].handle for before in node.after]
-            handle = device.value(
-                d.cuGraphAddKernelNode(graph, dependencies, len(dependencies), params),
-                f"adding {node.loaded.artifact.spec.kernel_name} to a graph",
-            )
-            state = _NodeState(kernel, handle, slots, pointers)
-            state.params = _NodeParams(
-                int(kernel.function), *dims, ctypes.addressof(pointers), None, None, None
-            )
-            state.params_address = ctypes.addressof(state.params)
-            built.nodes.append(state)
-            built.threads += dims[0] * dims[1] * dims[2] * dims[3] * dims[4] * dims[5]
-        built.exec = device.value(d.cuGraphInstantiate(graph, 0), "instantiating a graph")
-    except BaseException:
-        d.cuGraphDestroy(graph)
-        raise
+    with device.bound():  # the graph and its instance are made in the backend's context
+        _build(device, built, nodes)
     built.exec_address = int(built.exec)
     built.cost = device.forecast.model(
         ("graph", id(built)), f"graph of {len(nodes)} nodes", _graph_features
@@ -245,3 +208,45 @@ def launch_graph(
     device.ledgers[stream.id].enqueue(built.cost, built.threads)
     if signal_event is not None:
         device.record(signal_event, stream)
+
+
+def _build(device: DeviceState, built: CudaGraph, nodes: Sequence[GraphNode]) -> None:
+    """Create ``built``'s graph of ``nodes`` and instantiate it (destroyed again on failure)."""
+    d = driver()
+    graph = built.graph = device.value(d.cuGraphCreate(0), "creating a graph")
+    try:
+        for node in nodes:
+            kernel: Kernel = node.loaded.native
+            count = max(kernel.argument_count, 1)
+            slots = ctypes.create_string_buffer(8 * count)
+            base = ctypes.addressof(slots)
+            pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+            params = d.CUDA_KERNEL_NODE_PARAMS()
+            params.func = kernel.function
+            dims = node.config.dims
+            (
+                params.gridDimX,
+                params.gridDimY,
+                params.gridDimZ,
+                params.blockDimX,
+                params.blockDimY,
+                params.blockDimZ,
+                params.sharedMemBytes,
+            ) = dims
+            params.kernelParams = ctypes.addressof(pointers)
+            dependencies = [built.nodes[before].handle for before in node.after]
+            handle = device.value(
+                d.cuGraphAddKernelNode(graph, dependencies, len(dependencies), params),
+                f"adding {node.loaded.artifact.spec.kernel_name} to a graph",
+            )
+            state = _NodeState(kernel, handle, slots, pointers)
+            state.params = _NodeParams(
+                int(kernel.function), *dims, ctypes.addressof(pointers), None, None, None
+            )
+            state.params_address = ctypes.addressof(state.params)
+            built.nodes.append(state)
+            built.threads += dims[0] * dims[1] * dims[2] * dims[3] * dims[4] * dims[5]
+        built.exec = device.value(d.cuGraphInstantiate(graph, 0), "instantiating a graph")
+    except BaseException:
+        d.cuGraphDestroy(graph)
+        raise

@@ -6,6 +6,7 @@ Frees that may synchronize the device (``cuMemFree``, ``cuModuleUnload``,
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -28,10 +29,12 @@ class Staging:
         self._pooled = 0
         self._lock = threading.Lock()
 
-    def take(self, size: int, bind: Callable[[], None]) -> tuple[int, int]:
+    def take(
+        self, size: int, bound: Callable[[], contextlib.AbstractContextManager[None]]
+    ) -> tuple[int, int]:
         """A pinned block of at least ``size`` bytes, ``(pointer, capacity)``.
 
-        Pooled, or new (``bind()`` first makes the backend's context current).
+        Pooled, or new (allocated within ``bound()``: the backend's context current).
         """
         capacity = max(_MIN_STAGING, 1 << (max(size, 1) - 1).bit_length())
         with self._lock:
@@ -39,9 +42,9 @@ class Staging:
             if free:
                 self._pooled -= capacity
                 return free.pop(), capacity
-        bind()
         d = driver()
-        result, pointer = d.cuMemHostAlloc(capacity, 0)
+        with bound():
+            result, pointer = d.cuMemHostAlloc(capacity, 0)
         if int(result):
             raise translate(result, f"allocating {capacity} bytes of pinned memory")
         return int(pointer), capacity

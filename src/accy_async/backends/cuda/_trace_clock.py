@@ -42,7 +42,7 @@ class TraceClock:
     """
 
     __slots__ = (
-        "_bind",
+        "_bound",
         "_check",
         "_collect_at",
         "_count",
@@ -54,11 +54,11 @@ class TraceClock:
         "_tracer",
     )
 
-    def __init__(self, check: Any, bind: Any) -> None:
+    def __init__(self, check: Any, bound: Any) -> None:
         self._check = check
         """The backend's driver-result check (raises, poisoning the backend on a fault)."""
-        self._bind = bind
-        """Makes the backend's context current (before creating events and the stream)."""
+        self._bound = bound
+        """``with bound():`` the backend's context is current (to create events and the stream)."""
         self._driver = driver()
         self._free: list[Any] = []
         self._pending: dict[int, list[tuple[Any, TraceRecord, bool]]] = {}
@@ -173,8 +173,8 @@ class TraceClock:
             self._stream = None
 
     def _new_event(self) -> Any:
-        self._bind()
-        result, event = self._driver.cuEventCreate(0)  # CU_EVENT_DEFAULT: timing enabled
+        with self._bound():
+            result, event = self._driver.cuEventCreate(0)  # CU_EVENT_DEFAULT: timing enabled
         self._check(result, "creating a trace event")
         return event
 
@@ -186,8 +186,8 @@ class TraceClock:
         """
         d = self._driver
         if self._stream is None:
-            self._bind()
-            result, stream = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
+            with self._bound():
+                result, stream = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
             self._check(result, "creating the trace clock's stream")
             self._stream = stream
         best: tuple[int, Any, int] | None = None  # (window, event, host time)
