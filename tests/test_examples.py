@@ -17,6 +17,7 @@ CASES = {
     "scan_service.py": ["--backend", "cpu", "--self-test", "--clients", "20"],
     "torch_service.py": ["--backend", "cpu", "--clients", "8", "--requests", "10"],
     "ray_service.py": ["--backend", "cpu", "--actors", "2", "--clients", "8", "--requests", "10"],
+    "two_devices.py": ["--backend", "cpu", "-n", "100000", "--clients", "4", "--requests", "10"],
 }
 NEEDS = {"torch_service.py": "torch", "ray_service.py": "ray"}
 """Examples that need an optional library: run where it is installed (Ray is in the test extra;
