@@ -8,7 +8,9 @@ references), so these tests do too.
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -308,6 +310,23 @@ async def test_kept_results_stay_in_device_memory_on_a_cuda_actor(cluster: None)
     np.testing.assert_allclose(tuned, expected, rtol=1e-4)
     assert await _close([actor]) == [0]
     ray.kill(actor)
+
+
+@pytest.mark.gpu
+@needs_gpu
+async def test_a_released_result_is_freed_on_a_cuda_actor_without_later_calls() -> None:
+    """The calls that read or wrote a kept result hold it until told (a later call, or the
+    release): released, its device memory goes once the device is done with it."""
+    actor = PipelineActorImpl("cuda")
+    x = np.ones(1 << 20, np.float32)
+    (kept,) = await actor.call("r1", "prefix_sum_f32", [x], keep=True)
+    view = weakref.ref(actor._kept[kept.key])
+    (y,) = await actor.call("r2", "saxpy_f32", [kept, x], {"a": 2.0})
+    np.testing.assert_allclose(y[:3], [3.0, 5.0, 7.0])
+    assert await actor.release([kept.key]) == 1
+    gc.collect()
+    assert view() is None  # no lane holds it any more
+    assert await actor.close() == 0
 
 
 async def test_a_caller_cancelled_while_its_result_is_kept_leaves_nothing_kept(

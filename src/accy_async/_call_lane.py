@@ -114,6 +114,22 @@ class Lane:
             held, self.held = self.held, []
             backend.defer_destroy([*held, *self._owners_held(backend)], after=self.stream)
 
+    def let_go(self, backend: Backend) -> None:
+        """Let go of everything earlier calls hold: now if the last call is done, else once it is.
+
+        For a caller that dropped arrays it passed to calls and wants their
+        memory back without waiting for later calls to notice.
+        """
+        if not self.held and not self.owners:
+            return
+        self.settle(backend)
+        held, self.held = self.held, []
+        if self.done is None or backend.query_event(self.done):
+            self.owners = []
+            backend.destroy_all(held)
+        else:
+            backend.defer_destroy([*held, *self._owners_held(backend)], after=self.stream)
+
     async def fit(
         self, backend: Backend, pipeline: KernelCallPipeline, resolution: Resolution
     ) -> None:

@@ -175,6 +175,17 @@ class PipelineCall:
             )
         return self._pool
 
+    def let_go(self) -> None:
+        """Let go of the arrays earlier calls still hold, once the device is done with them.
+
+        A call keeps the caller's device arrays (and buffers it outgrew)
+        referenced past its return, until a later call on its lane finds its
+        work done; a caller that dropped such arrays and wants their memory
+        back sooner calls this. Lanes in use by a call are left alone.
+        """
+        for lane in self._free:
+            lane.let_go(self.backend)
+
     def result_sizes(
         self, *operands: Any, **scalars: ScalarArgument | int | float | np.generic
     ) -> tuple[int, ...]:

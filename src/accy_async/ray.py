@@ -403,12 +403,23 @@ class PipelineActorImpl:
         """Let go of the kept results among ``results``; how many were kept."""
         values = results.values() if isinstance(results, dict) else results
         keys = [each.key for each in values if isinstance(each, Resident)]
-        return sum(self._kept.pop(key, None) is not None for key in keys)
+        dropped = sum(self._kept.pop(key, None) is not None for key in keys)
+        if dropped:
+            self._let_go()
+        return dropped
 
     async def release(self, keys: Sequence[str]) -> int:
         """Let the results kept under ``keys`` go (their memory once their work is done)."""
         await anyio.lowlevel.checkpoint()
-        return sum(self._kept.pop(key, None) is not None for key in keys)
+        released = sum(self._kept.pop(key, None) is not None for key in keys)
+        if released:
+            self._let_go()
+        return released
+
+    def _let_go(self) -> None:
+        """The open calls let go of the arrays earlier calls hold (released results among them)."""
+        for call in self._calls.values():
+            call.let_go()
 
     async def kept(self) -> int:
         """How many results are kept here."""
