@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 import anyio
 
 import accy_async as accy
+from accy_bench.provenance import git_revision
 
 SIZES = (4 << 10, 1 << 20, 64 << 20, 256 << 20)
 COPIES = 20
@@ -116,12 +115,7 @@ def main() -> int:
         d.cuInit(0)
         target = 1 if int(d.cuDeviceGetCount()[1]) > 1 else 0
     result = anyio.run(measure, args.source, target)
-    commit = (
-        os.environ.get("ACCY_REVISION")
-        or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    )
+    commit = git_revision()["commit"]
     result["commit"] = commit
     out = Path(args.out)
     stem = f"peer-copy-{args.source}-{target}"

@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import ray
 
 import accy_async as accy
 from accy_async.ray import PipelineActor, PipelineActorImpl, Router
+from accy_bench.provenance import git_revision
 
 N = 1000
 REQUESTS = 400
@@ -121,12 +121,7 @@ def main() -> int:
         device, rows = asyncio.run(measure(args.backend, args.n, args.gpus))
     finally:
         ray.shutdown()
-    commit = (
-        os.environ.get("ACCY_REVISION")
-        or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    )
+    commit = git_revision()["commit"]
     result = {
         "commit": commit,
         "backend": args.backend,

@@ -32,16 +32,7 @@ def spread_saxpy(fmt: p.ArtifactFormat, n: int) -> p.LaunchGraphDocument:
     )
 
     def saxpy(kernel_id: int, output: int, inputs: tuple[int, int], a: float) -> p.PlannedKernel:
-        return p.PlannedKernel(
-            kernel_id=kernel_id,
-            work_item_id=kernel_id,
-            artifact=entry.artifact_spec(),
-            output_slot_id=output,
-            input_slot_ids=inputs,
-            runtime_scalar_argument_count=2,
-            runtime_scalar_defaults=(p.U32(n), p.F32(a)),
-            kernel_call_launch=entry.launch,
-        )
+        return p.PlannedKernel.from_entry(entry, kernel_id, output, inputs, (p.U32(n), p.F32(a)))
 
     slots = tuple(p.Slot(slot_id=i, byte_size=4 * n, dtype=p.DType.F32) for i in (1, 2, 3, 4))
     plan = p.ArtifactPlan(slots=slots, kernels=(saxpy(0, 3, (1, 2), 2.0), saxpy(1, 4, (3, 1), 0.5)))

@@ -100,34 +100,23 @@ class Lane:
                 self.follow(backend, self.stream)
             self.where = self.stream
 
-    def release_held(self, backend: Backend) -> None:
-        """Let go of what earlier calls held if their work is done (or hand it on, if much)."""
+    def release_held(self, backend: Backend, *, all_now: bool = False) -> None:
+        """Let go of what earlier calls held if their work is done (or hand it on, if much).
+
+        With ``all_now`` everything goes, whatever the count: now if the last
+        call is done, else once it is (for a caller that dropped arrays it
+        passed and wants their memory back without waiting for later calls).
+        """
         count = len(self.held) + len(self.owners)
-        if not self.held and count < _QUERY_FROM:  # a few arrays: no need to ask yet
-            return
+        if not count or (not all_now and not self.held and count < _QUERY_FROM):
+            return  # a few arrays: no need to ask yet
         if self.done is None or backend.query_event(self.done):
             held, self.held = self.held, []
             self.owners = []
             backend.destroy_all(held)
-        elif count >= _HELD_AT_MOST:
+        elif all_now or count >= _HELD_AT_MOST:
             self.settle(backend)
             held, self.held = self.held, []
-            backend.defer_destroy([*held, *self._owners_held(backend)], after=self.stream)
-
-    def let_go(self, backend: Backend) -> None:
-        """Let go of everything earlier calls hold: now if the last call is done, else once it is.
-
-        For a caller that dropped arrays it passed to calls and wants their
-        memory back without waiting for later calls to notice.
-        """
-        if not self.held and not self.owners:
-            return
-        self.settle(backend)
-        held, self.held = self.held, []
-        if self.done is None or backend.query_event(self.done):
-            self.owners = []
-            backend.destroy_all(held)
-        else:
             backend.defer_destroy([*held, *self._owners_held(backend)], after=self.stream)
 
     async def fit(

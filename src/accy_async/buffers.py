@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._loops import checkpoint
-from .backends import Backend, BufferBinding, BufferHandle, StreamLike, WaitPolicy
+from .backends import Backend, BufferHandle, StreamLike, WaitPolicy
 from .errors import UnsupportedOperation
 from .plan import DType
 from .waiting import wait_read
@@ -99,26 +99,26 @@ async def copy_between(
     (await ``stream``). Ranges are checked first (:class:`~accy_async.errors.InvalidBuffer`,
     nothing enqueued); a checkpoint even when there is nothing to copy.
     """
-    size = source.byte_size - source_offset if byte_size is None else byte_size
-    source_backend.check_bindings(
-        [BufferBinding(source, "read_only", offset=source_offset, byte_size=size)], "$.source"
-    )
-    destination_backend.check_bindings(
-        [BufferBinding(destination, offset=destination_offset, byte_size=size)], "$.destination"
-    )
     try:
         destination_backend.copy_from(
             source_backend,
             source,
             destination,
-            size,
+            byte_size,
             source_offset=source_offset,
             destination_offset=destination_offset,
             after=after,
             stream=stream,
         )
-    except UnsupportedOperation:
-        pass  # no device path between these two: through the host
+    except UnsupportedOperation:  # no device path between these two: through the host
+        size = destination_backend.check_copy(
+            source_backend,
+            source,
+            destination,
+            byte_size,
+            source_offset=source_offset,
+            destination_offset=destination_offset,
+        )
     else:
         await checkpoint()
         return

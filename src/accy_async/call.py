@@ -184,7 +184,7 @@ class PipelineCall:
         back sooner calls this. Lanes in use by a call are left alone.
         """
         for lane in self._free:
-            lane.let_go(self.backend)
+            lane.release_held(self.backend, all_now=True)
 
     def result_sizes(
         self, *operands: Any, **scalars: ScalarArgument | int | float | np.generic

@@ -300,7 +300,7 @@ class GraphCall:
         else:
             read_ids = tuple(dict.fromkeys(self._slot(each, "$.read").slot_id for each in read))
         for slot_id in read_ids:
-            slot = self._slot(slot_id, "$.read")
+            slot = self._plan_slots[slot_id]
             dtype = dtypes.get(slot_id) or np.dtype(
                 slot.dtype.numpy_name if slot.dtype is not None else np.uint8
             )

@@ -65,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra
         f"accy_async.ray needs Ray: pip install 'accy-async[ray]' ({exc})"
     ) from exc
 
+from ._cache import IdentityCache
 from .arrays import ArrayView
 from .backends import Backend, create_backend
 from .buffers import download
@@ -195,7 +196,7 @@ class PipelineActorImpl:
         if running is None:
             running = asyncio.ensure_future(start())
             self._running[request_id] = running
-            running.add_done_callback(  # cancelled with its caller, it ends after the caller
+            running.add_done_callback(  # its record goes when it ends (after a cancelled caller)
                 lambda task: (
                     self._running.pop(request_id) if self._running.get(request_id) is task else None
                 )
@@ -207,9 +208,6 @@ class PipelineActorImpl:
             if running.done() and not running.cancelled() and running.exception() is None:
                 self._drop(running.result())
             raise
-        finally:
-            if running.done():
-                self._running.pop(request_id, None)
         if request_id in self._forgotten:  # forgotten while it ran: nobody takes its results
             self._drop(results)
             return nothing
@@ -402,24 +400,24 @@ class PipelineActorImpl:
     def _drop(self, results: Answer) -> int:
         """Let go of the kept results among ``results``; how many were kept."""
         values = results.values() if isinstance(results, dict) else results
-        keys = [each.key for each in values if isinstance(each, Resident)]
-        dropped = sum(self._kept.pop(key, None) is not None for key in keys)
-        if dropped:
-            self._let_go()
-        return dropped
+        return self._let_go([each.key for each in values if isinstance(each, Resident)])
 
     async def release(self, keys: Sequence[str]) -> int:
         """Let the results kept under ``keys`` go (their memory once their work is done)."""
         await anyio.lowlevel.checkpoint()
+        return self._let_go(keys)
+
+    def _let_go(self, keys: Sequence[str]) -> int:
+        """Stop keeping the results under ``keys``; how many were kept.
+
+        The open calls let go of the arrays earlier calls still hold, so a
+        released result's memory goes once its work is done, not after later calls.
+        """
         released = sum(self._kept.pop(key, None) is not None for key in keys)
         if released:
-            self._let_go()
+            for call in self._calls.values():
+                call.let_go()
         return released
-
-    def _let_go(self) -> None:
-        """The open calls let go of the arrays earlier calls hold (released results among them)."""
-        for call in self._calls.values():
-            call.let_go()
 
     async def kept(self) -> int:
         """How many results are kept here."""
@@ -475,7 +473,16 @@ def _call_key(plan: Plan, device_graph: bool) -> tuple[str, bool]:
 
 
 def _digest(document: PipelineDocument | LaunchGraphDocument) -> str:
-    return "document:" + hashlib.sha256(encode_json(document)).hexdigest()
+    """A document's name for an actor's open calls: its JSON's digest, once per document object."""
+    digest = _digests.get((document,))
+    if digest is None:
+        digest = _digests.put(
+            (document,), "document:" + hashlib.sha256(encode_json(document)).hexdigest()
+        )
+    return digest
+
+
+_digests: IdentityCache[str] = IdentityCache(64)
 
 
 async def _read(array: Any, *, copy: bool) -> np.ndarray[Any, Any]:
@@ -541,16 +548,15 @@ class Router:
         (or the one keeping an operand died); the actor's error (a user's
         mistake: a bad array, a bad scalar) as the actor raised it.
         """
-        request_id = uuid.uuid4().hex
         if isinstance(plan, str):  # a plan tuned through this router: sent as its document,
             plan = self._tuned.get(plan, plan)  # so any actor serves it, adopted or not
         answer = await self._route(
             _call_key(plan, device_graph),
             arrays,
-            lambda actor: actor.call.remote(
+            keep,
+            lambda actor, request_id: actor.call.remote(
                 request_id, plan, list(arrays), scalars, keep=keep, device_graph=device_graph
             ),
-            (lambda actor: actor.forget.remote(request_id)) if keep else None,
         )
         assert isinstance(answer, list)
         return answer
@@ -571,16 +577,15 @@ class Router:
         arrays, or with ``keep`` as :class:`Resident` handles. Routed, retried
         and answered once as :meth:`call` is.
         """
-        request_id = uuid.uuid4().hex
         slots = dict(inputs)
         reads = None if read is None else list(read)
         answer = await self._route(
             (_digest(document), device_graph),
             list(slots.values()),
-            lambda actor: actor.call_graph.remote(
+            keep,
+            lambda actor, request_id: actor.call_graph.remote(
                 request_id, document, slots, reads, keep=keep, device_graph=device_graph
             ),
-            (lambda actor: actor.forget.remote(request_id)) if keep else None,
         )
         assert isinstance(answer, dict)
         return answer
@@ -626,14 +631,16 @@ class Router:
         return result
 
     async def _route(
-        self, warm_key: tuple[str, Any], operands: Sequence[Any], send: Any, forget: Any
+        self, warm_key: tuple[str, Any], operands: Sequence[Any], keep: bool, send: Any
     ) -> Answer:
-        """``send(actor)``'s answer from a chosen actor, sent again to another if it dies.
+        """``send(actor, request_id)``'s answer from a chosen actor, sent again if it dies.
 
         The actor keeping :class:`Resident` operands, if any, else a warm one
-        with room, else the least loaded; ``forget(actor)`` is sent if the
-        caller is cancelled after the request went.
+        with room, else the least loaded. The request keeps one id however
+        often it is sent; with ``keep``, the actor is told to forget it if the
+        caller is cancelled after it went (what it kept goes too).
         """
+        request_id = uuid.uuid4().hex
         holder = await self._holder_of(operands)
         while True:
             seat = holder or self._choose(warm_key)
@@ -641,9 +648,8 @@ class Router:
             try:
                 answer: Answer = await self._send(
                     seat,
-                    lambda actor=actor: send(actor),
-                    # A caller gone after its request was sent: what it kept goes too.
-                    forget=None if forget is None else (lambda actor=actor: forget(actor)),
+                    lambda actor=actor: send(actor, request_id),
+                    forget=(lambda actor=actor: actor.forget.remote(request_id)) if keep else None,
                 )
             except _Died as died:
                 if holder is not None:

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import InvalidBuffer, LaunchArgumentMismatch, LimitExceeded, UnsupportedOperation
 from ..plan import DType
 from ._core import BackendCore
-from ._handles import DEFAULT_ALIGNMENT, BufferHandle, Ownership, StreamLike
+from ._handles import DEFAULT_ALIGNMENT, BufferBinding, BufferHandle, Ownership, StreamLike
 from ._marks import PendingRead
 
 __all__ = ["BufferOperations"]
@@ -134,6 +134,31 @@ class BufferOperations(BackendCore):
                 bytes=size,
             )
 
+    def check_copy(
+        self,
+        source_backend: BufferOperations,
+        source: BufferHandle,
+        destination: BufferHandle,
+        byte_size: int | None = None,
+        *,
+        source_offset: int = 0,
+        destination_offset: int = 0,
+    ) -> int:
+        """The bytes a copy from ``source_backend``'s ``source`` into ``destination`` moves.
+
+        Raises :class:`InvalidBuffer` (at ``$.source[0]`` or ``$.destination[0]``)
+        unless each range lies in a live buffer of its backend. ``byte_size``
+        defaults to the rest of ``source``.
+        """
+        size = source.byte_size - source_offset if byte_size is None else byte_size
+        source_backend.check_bindings(
+            [BufferBinding(source, "read_only", offset=source_offset, byte_size=size)], "$.source"
+        )
+        self.check_bindings(
+            [BufferBinding(destination, offset=destination_offset, byte_size=size)], "$.destination"
+        )
+        return size
+
     def copy_from(
         self,
         source_backend: BufferOperations,
@@ -164,9 +189,14 @@ class BufferOperations(BackendCore):
                 f"the {self.kind} backend cannot copy from a {source_backend.kind} backend's "
                 "buffer on the device: accy_async.copy_between stages it through the host"
             )
-        size = source.byte_size - source_offset if byte_size is None else byte_size
-        source_backend._check_range(source, source_offset, size)
-        self._check_range(destination, destination_offset, size)
+        size = self.check_copy(
+            source_backend,
+            source,
+            destination,
+            byte_size,
+            source_offset=source_offset,
+            destination_offset=destination_offset,
+        )
         source_stream = source_backend._stream(after)
         handle = self._stream(stream)
         if not size:

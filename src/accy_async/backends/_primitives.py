@@ -90,12 +90,11 @@ class BackendPrimitives(abc.ABC):
         after: StreamHandle,
         stream: StreamHandle,
     ) -> None:
-        """Copy from ``source_backend``'s buffer, on ``stream`` after ``after`` (default: none)."""
-        del source, source_offset, destination, destination_offset, size, after, stream
-        raise UnsupportedOperation(
-            f"the {self.kind} backend cannot copy from a {source_backend.kind} backend's buffer "
-            "on the device: accy_async.copy_between stages it through the host"
-        )
+        """Copy from ``source_backend``'s buffer, on ``stream`` after ``after``.
+
+        Called only where :meth:`_copies_from` said yes (by default never).
+        """
+        raise NotImplementedError
 
     @abc.abstractmethod
     async def _create_artifact(self, spec: ArtifactSpec) -> KernelArtifact: ...

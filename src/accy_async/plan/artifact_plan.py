@@ -9,7 +9,7 @@ import msgspec
 from ..errors import LaunchArgumentMismatch
 from ._base import MAX_LAUNCH_ARGUMENTS, U32, U64, ArgumentCount, Base, ObjectId, plan_error
 from .geometry import KernelCallLaunch, LaunchGeometry
-from .registry import ArtifactSpec
+from .registry import ArtifactSpec, RegistryEntry
 from .scalars import DType, ScalarArgument
 
 __all__ = [
@@ -150,6 +150,31 @@ class PlannedKernel(Base, frozen=True):
                 f"element count {self.element_count_argument_value} does not fit a u32",
                 "element_count_argument_value",
             )
+
+    @classmethod
+    def from_entry(
+        cls,
+        entry: RegistryEntry,
+        kernel_id: int,
+        output_slot_id: int,
+        input_slot_ids: tuple[int, ...] = (),
+        runtime_scalar_defaults: tuple[ScalarArgument, ...] = (),
+    ) -> PlannedKernel:
+        """A pipeline registry's kernel in an artifact plan, bound to these slots.
+
+        Its artifact and launch rule are the entry's; ``runtime_scalar_defaults``
+        give its runtime scalars (as many as the entry takes, or none).
+        """
+        return cls(
+            kernel_id=kernel_id,
+            work_item_id=kernel_id,
+            artifact=entry.artifact_spec(),
+            output_slot_id=output_slot_id,
+            input_slot_ids=input_slot_ids,
+            runtime_scalar_argument_count=entry.runtime_scalar_argument_count,
+            runtime_scalar_defaults=runtime_scalar_defaults,
+            kernel_call_launch=entry.launch,
+        )
 
     @property
     def buffer_count(self) -> int:

@@ -334,20 +334,8 @@ class CudaBackend(Backend):
         after: StreamHandle,
         stream: StreamHandle,
     ) -> None:
-        if not isinstance(source_backend, CudaBackend):
-            super()._copy_from(
-                source_backend,
-                source,
-                source_offset,
-                destination,
-                destination_offset,
-                size,
-                after,
-                stream,
-            )
-            return
         d = driver()
-        peer: CudaBackend = source_backend
+        peer: CudaBackend = source_backend  # copy_from asked _copies_from first
         if after.native is not stream.native:  # ordered after the source's work, on the device
             self._follow_peer(peer, after, stream)
         if peer is not self and int(peer._context) != int(self._context):
@@ -376,15 +364,7 @@ class CudaBackend(Backend):
         if not isinstance(peer, CudaBackend):
             super()._follow_peer(peer, after, stream)
             return
-        d = driver()
-        marker = peer._device_state.take_marker()
-        try:
-            peer._results.check(d.cuEventRecord(marker, after.native), "recording on its stream")
-            self._results.check(
-                d.cuStreamWaitEvent(stream.native, marker, 0), "waiting for a peer stream"
-            )
-        finally:
-            peer._device_state.recycle_marker(marker)
+        self._order(after.native, stream.native, source=peer)
         if peer is not self:
             self._device_state.ledger(stream).lose_track()
 
@@ -548,16 +528,21 @@ class CudaBackend(Backend):
             raise InvalidBuffer(f"a raw stream handle is not negative, got {raw}", path="$.stream")
         return driver().CUstream(raw)
 
-    def _order(self, first: Any, then: Any) -> None:
-        """``then`` waits for what is queued on ``first`` so far (a pooled marker between)."""
-        marker = self._device_state.take_marker()
+    def _order(self, first: Any, then: Any, *, source: CudaBackend | None = None) -> None:
+        """``then`` waits for what is queued on ``first`` so far (a pooled marker between).
+
+        ``source`` is the backend ``first`` belongs to where it is another's
+        (a peer): the marker is of its context, and a failed record is its fault.
+        """
+        owner = self if source is None else source
+        marker = owner._device_state.take_marker()
         d = driver()
         try:
-            self._results.check(d.cuEventRecord(marker, first), "recording on a foreign stream")
+            owner._results.check(d.cuEventRecord(marker, first), "recording on a foreign stream")
             self._results.check(d.cuStreamWaitEvent(then, marker, 0), "waiting across streams")
         finally:
             # A wait takes the record as it is when enqueued: the marker may be reused.
-            self._device_state.recycle_marker(marker)
+            owner._device_state.recycle_marker(marker)
 
     def _wait(self, stream: StreamHandle, event: EventHandle) -> None:
         self._device_state.wait(stream, event)

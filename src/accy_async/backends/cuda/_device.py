@@ -100,6 +100,7 @@ class DeviceState(DriverResults):
         "_markers",
         "_markers_lock",
         "context",
+        "context_address",
         "event_flags",
         "forecast",
         "health",
@@ -128,6 +129,8 @@ class DeviceState(DriverResults):
     ) -> None:
         d = driver()
         self.context = context
+        self.context_address = int(context)
+        """The context's handle as an int (to compare with the current one)."""
         self.health = health
         super().__init__(poison)
         self.owner = owner
@@ -250,9 +253,13 @@ class DeviceState(DriverResults):
         a backend of another device, may have made its own current on this
         thread, and finds it current again after. Calls on existing objects
         (launches, copies, records on a stream, queries) act in their objects'
-        context and need no binding.
+        context and need no binding. One driver call when the context is
+        current already (the usual case), three otherwise.
         """
         d = driver()
+        if int(d.cuCtxGetCurrent()[1]) == self.context_address:
+            yield
+            return
         self.check(d.cuCtxPushCurrent(self.context), "making the context current")
         try:
             yield
