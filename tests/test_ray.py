@@ -390,6 +390,7 @@ async def test_graph_calls_and_tuned_plans_on_the_actor_itself() -> None:
     np.testing.assert_array_equal(out[4], expected)
     again = await actor.call_graph("g1", document, {1: y, 2: y}, [4])  # the id's record
     assert actor.served == 1 and again[4].tolist() == out[4].tolist()
+    await assert_checkpoint(lambda: actor.call_graph("g1", document, {1: y, 2: y}, [4]))
     kept = (await actor.call_graph("g2", document, {1: x, 2: y}, keep=True))[4]
     assert isinstance(kept, Resident) and kept.size == n
     (scanned,) = await actor.call("r1", "prefix_sum_f32", [kept])
@@ -406,6 +407,7 @@ async def test_graph_calls_and_tuned_plans_on_the_actor_itself() -> None:
     result = await actor.tune(problem, None, QUICK)
     assert result.complete and result.winner is not None
     assert await actor.tuned_plans() == ["prefix_sum.f32"]
+    await assert_checkpoint(actor.tuned_plans)
     z = np.arange(5000, dtype=np.float32) % 3
     (tuned,) = await actor.call("t1", "prefix_sum.f32", [z])
     np.testing.assert_allclose(tuned, np.cumsum(z, dtype=np.float64), rtol=1e-5)
