@@ -428,3 +428,18 @@ def test_plain_numbers_are_typed_by_the_plan() -> None:
     with pytest.raises(accy.LaunchArgumentMismatch, match="runtime scalar argument 0") as caught:
         pipeline.validate_runtime_scalar_arguments([-1])
     assert caught.value.path == "$.runtime_scalar_arguments[0]"
+
+
+def test_an_entry_built_with_a_plain_string_payload_is_refused_by_name() -> None:
+    with pytest.raises(PlanError, match="needs a 'text' payload, got a str") as caught:
+        p.RegistryEntry(
+            target="t",
+            version=1,
+            format=p.ArtifactFormat.CUDA_SOURCE,
+            entry_name="k",
+            argument_count=1,
+            runtime_scalar_argument_count=0,
+            payload="extern C __global__ void k() {}",  # type: ignore[arg-type]
+            launch=p.FixedLaunch(geometry=p.LaunchGeometry()),
+        )
+    assert caught.value.path == "$.payload"

@@ -13,14 +13,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from ._cache import IdentityCache
 from .backends import Backend, LaunchConfig
 from .errors import InvalidArtifact, LaunchArgumentMismatch, UnsupportedOperation
 from .plan import (
     ArtifactFormat,
+    CeilDiv,
     Constant,
+    Fixed,
+    FixedLaunch,
     Forward,
     Intermediate,
     KernelCallPipeline,
@@ -34,6 +37,7 @@ from .plan import (
     resolve_quantity,
     validate_plan,
 )
+from .plan.geometry import Quantity
 from .plan.scalars import SCALAR_CLASSES, integer_value
 
 __all__ = [
@@ -42,10 +46,13 @@ __all__ = [
     "choose_format",
     "intermediate_byte_size",
     "program_of",
+    "resolve_in_general",
     "resolve_program",
 ]
 
 _MAX_BYTES: Final = 2**63 - 1
+_MAX_GRID_X: Final = 2**31 - 1
+_MAX_GRID_YZ: Final = 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,8 @@ class Program:
     refs: tuple[tuple[tuple[int, int], ...], ...]
     """Per stage, each buffer as ``(source, index)``: 0 operand, 1 result, 2 intermediate."""
     resolved: OrderedDict[tuple[ScalarArgument | int | float, ...], Resolution]
+    resolver: _Resolver
+    """The resolution of a size not yet seen, laid out for this program (its usual case)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +112,9 @@ def program_of(
     )
     return _programs.put(
         (pipeline, registry),
-        Program(pipeline, registry, format, entries, refs, OrderedDict()),
+        Program(
+            pipeline, registry, format, entries, refs, OrderedDict(), _Resolver(pipeline, entries)
+        ),
         format,
     )
 
@@ -115,15 +126,29 @@ def resolve_program(
     cached = program.resolved.get(key)
     if cached is not None:
         return cached
+    resolved = program.resolver(key, program.refs)
+    if resolved is None:
+        typed = program.pipeline.validate_runtime_scalar_arguments(key)
+        if typed != key:
+            # Plain numbers: 5, 5.0 and True are equal keys, so they are never stored; the
+            # typed arguments they make are.
+            cached = program.resolved.get(typed)
+            if cached is not None:
+                return cached
+        resolved = resolve_in_general(program, typed)
+    program.resolved[resolved.arguments] = resolved
+    if len(program.resolved) > _RESOLVED_CAPACITY:
+        program.resolved.popitem(last=False)
+    return resolved
+
+
+def resolve_in_general(program: Program, arguments: tuple[ScalarArgument, ...]) -> Resolution:
+    """The resolution of typed, checked ``arguments``, each step as the plan states it.
+
+    What :class:`_Resolver` does faster for well-formed scalars; this one
+    raises the error that names what does not fit.
+    """
     pipeline = program.pipeline
-    arguments = pipeline.validate_runtime_scalar_arguments(key)
-    if arguments != key:
-        # Plain numbers: 5, 5.0 and True are equal keys, so they are never stored; the
-        # typed arguments they make are.
-        key = arguments
-        cached = program.resolved.get(key)
-        if cached is not None:
-            return cached
     sizes = tuple(
         intermediate_byte_size(spec, arguments, index)
         for index, spec in enumerate(pipeline.intermediates)
@@ -136,13 +161,154 @@ def resolve_program(
         scalars = tuple(_derive(derivation, arguments, stage_index) for derivation in stage.scalars)
         stage_scalars.append(scalars)
         configs.append(LaunchConfig(*entry.launch.resolve(scalars)))
-    resolved = Resolution(
-        tuple(arguments), tuple(stage_scalars), tuple(configs), sizes, program.refs
-    )
-    program.resolved[key] = resolved
-    if len(program.resolved) > _RESOLVED_CAPACITY:
-        program.resolved.popitem(last=False)
-    return resolved
+    return Resolution(tuple(arguments), tuple(stage_scalars), tuple(configs), sizes, program.refs)
+
+
+_FIXED, _FORWARD, _CEIL_DIV = 0, 1, 2
+"""How a quantity or scalar derivation is laid out in a :class:`_Resolver`."""
+
+_SCALAR_CLASSES: Final = frozenset(SCALAR_CLASSES.values())
+_INTEGER_CLASSES: Final = frozenset(cls for name, cls in SCALAR_CLASSES.items() if name[0] in "ui")
+
+
+def _layout(quantity: Quantity | Constant) -> tuple[int, Any, int]:
+    """``(kind, value or argument index, divisor)`` of a quantity or scalar derivation."""
+    if isinstance(quantity, Fixed | Constant):
+        return (_FIXED, quantity.value, 1)
+    if isinstance(quantity, CeilDiv):
+        return (_CEIL_DIV, quantity.argument_index, quantity.divisor)
+    return (_FORWARD, quantity.argument_index, 1)
+
+
+class _Resolver:
+    """:func:`resolve_program`'s work for scalars not seen before, laid out once per program.
+
+    A service launching every size anew resolves each: this does it with the
+    plan's structure read once (each extent, derivation and grid dimension as
+    a ``(kind, index, divisor)`` triple) and launch configs of values it has
+    checked. It handles what is well formed only and answers ``None`` for
+    anything else (a plain float, a bound broken, a zero extent, a grid out
+    of range), which the general path then resolves or refuses with its
+    error naming the argument.
+    """
+
+    __slots__ = ("_bounds", "_count", "_intermediates", "_stages", "_types")
+
+    def __init__(self, pipeline: KernelCallPipeline, entries: Sequence[RegistryEntry]) -> None:
+        self._count = pipeline.runtime_scalar_argument_count
+        self._types = tuple(SCALAR_CLASSES[name] for name in pipeline.runtime_scalar_types)
+        """The declared class of each argument (the first ones, or none)."""
+        self._bounds = tuple(
+            (bound.argument_index, bound.min, bound.max) for bound in pipeline.runtime_scalar_bounds
+        )
+        self._intermediates = tuple(
+            (*_layout(spec.extent), spec.dtype.size) for spec in pipeline.intermediates
+        )
+        stages: list[tuple[Any, ...] | None] = []
+        for stage, entry in zip(pipeline.stages, entries, strict=True):
+            derivations = tuple(_layout(derivation) for derivation in stage.scalars)
+            launch = entry.launch
+            try:
+                if isinstance(launch, FixedLaunch):
+                    config = LaunchConfig(*launch.resolve(()))
+                    stages.append((derivations, None, config, 0))
+                    continue
+                checked = LaunchConfig((1, 1, 1), launch.block, launch.shared_memory_bytes)
+            except LaunchArgumentMismatch:
+                stages.append(None)  # a geometry the general path refuses, with its error
+                continue
+            grid = tuple(_layout(dimension) for dimension in launch.grid)
+            stages.append((derivations, grid, checked.block, checked.shared_memory_bytes))
+        self._stages = tuple(stages)
+
+    def __call__(
+        self, key: tuple[ScalarArgument | int | float, ...], refs: Any
+    ) -> Resolution | None:
+        """The resolution for ``key``, or ``None`` where the general path must decide."""
+        if len(key) != self._count:
+            return None
+        arguments: list[ScalarArgument] = []
+        values: list[Any] = []  # each argument's int value (None for a float)
+        types = self._types
+        for index, given in enumerate(key):
+            cls: Any = given.__class__
+            if cls is int and index < len(types):  # a plain int, typed as the plan declares
+                cls = types[index]
+                if cls not in _INTEGER_CLASSES or not cls.bounds[0] <= given <= cls.bounds[1]:
+                    return None
+                argument: ScalarArgument = cls(given)
+            elif cls in _SCALAR_CLASSES and (index >= len(types) or cls is types[index]):
+                argument = given  # type: ignore[assignment]  # a scalar class, checked
+            else:
+                return None
+            arguments.append(argument)
+            values.append(argument.value if cls in _INTEGER_CLASSES else None)
+        for index, low, high in self._bounds:
+            value = values[index]
+            if (
+                value is None
+                or (low is not None and value < low)
+                or (high is not None and value > high)
+            ):
+                return None
+        sizes = []
+        for kind, what, divisor, itemsize in self._intermediates:
+            extent = _quantity(kind, what, divisor, values)
+            if not extent or extent * itemsize > _MAX_BYTES:
+                return None
+            sizes.append(extent * itemsize)
+        typed = tuple(arguments)
+        stage_scalars = []
+        configs = []
+        for stage in self._stages:
+            if stage is None:
+                return None
+            derivations, grid, block, shared = stage
+            scalars = []
+            for kind, what, divisor in derivations:
+                if kind == _FIXED:
+                    scalars.append(what)
+                    continue
+                argument = typed[what]
+                if kind == _FORWARD:
+                    scalars.append(argument)
+                    continue
+                value = values[what]
+                if value is None or value < 0:
+                    return None
+                scalars.append(argument.__class__(-(-value // divisor)))
+            stage_scalars.append(tuple(scalars))
+            if grid is None:
+                configs.append(block)  # a fixed launch: its config, made once
+                continue
+            dims = []
+            for kind, what, divisor in grid:
+                if kind == _FIXED:
+                    dims.append(what)
+                    continue
+                if what >= len(scalars) or scalars[what].__class__ not in _INTEGER_CLASSES:
+                    return None
+                value = scalars[what].value
+                if value < 0:
+                    return None
+                dims.append(value if kind == _FORWARD else -(-value // divisor))
+            x, y, z = dims
+            if not (0 < x <= _MAX_GRID_X and 0 < y <= _MAX_GRID_YZ and 0 < z <= _MAX_GRID_YZ):
+                return None
+            configs.append(LaunchConfig.trusted((x, y, z), block, shared))
+        return Resolution(typed, tuple(stage_scalars), tuple(configs), tuple(sizes), refs)
+
+
+def _quantity(kind: int, what: int, divisor: int, values: Sequence[int | None]) -> int | None:
+    """A laid-out quantity's value, or ``None`` (or 0) where the general path must decide."""
+    if kind == _FIXED:
+        return what
+    if what >= len(values):
+        return None
+    value = values[what]
+    if value is None or value < 0:
+        return None
+    return value if kind == _FORWARD else -(-value // divisor)
 
 
 def _derive(

@@ -119,7 +119,7 @@ class PipelineCall:
         self._pool: PipelineArtifactPool | None = None
         self._free: list[Lane] = []
         self._slots = anyio.Semaphore(max_lanes, fast_acquire=True)
-        """Lanes in use; a free one is taken without a yield (the launch is the checkpoint)."""
+        """Lanes in use; a free one is taken without a yield (the call's admission was one)."""
         self._retired_streams: list[StreamHandle] = []
         """Streams of lanes given up after a failure or cancellation, destroyed at close."""
         self._closed = False
@@ -224,6 +224,12 @@ class PipelineCall:
         no stream of theirs to order). Raises :class:`LaunchArgumentMismatch`
         naming the array or scalar that does not fit, before anything runs.
         """
+        # The checkpoint first: a call cancelled here has checked and taken nothing, and the
+        # rest runs in one step of the loop (unless it waits for a lane or grows the scratch).
+        was_open = self._pool is not None and not self._closed
+        await admit()
+        if was_open and self._closed_now():
+            raise LaunchArgumentMismatch(_CLOSED_BEFORE)
         pool = self._open_pool()
         document = self.document
         arrays = self._intake.operands(operands)
@@ -233,9 +239,6 @@ class PipelineCall:
         on_cpu = self.backend.kind == "cpu"
         if on_cpu:
             refuse_device_arrays(arrays, results)
-        # A free lane is taken without a yield (the launch is the checkpoint), but not by a
-        # call cancelled already: it would give the lane up with its stream.
-        await anyio.lowlevel.checkpoint_if_cancelled()
         try:
             self._slots.acquire_nowait()
         except anyio.WouldBlock:
@@ -284,7 +287,7 @@ class PipelineCall:
             self._retired_streams.append(lane.stream)
         self.backend.defer_destroy(released, after=lane.stream)
 
-    async def _enqueue(
+    def _enqueue(
         self,
         lane: Lane,
         stream: StreamHandle,
@@ -292,9 +295,8 @@ class PipelineCall:
         results: Sequence[BufferBinding],
         resolution: Resolution,
     ) -> None:
-        """The checkpoint, then the stages on ``stream`` (everything was checked before)."""
+        """The stages on ``stream`` (everything was checked before)."""
         assert self._pool is not None
-        await admit()
         if self._closed_now():
             raise LaunchArgumentMismatch(_CLOSED_BEFORE)
         enqueue_checked(
@@ -326,7 +328,7 @@ class PipelineCall:
                 native = array.reshape(-1).view(np.uint8)
                 handles.append(backend.register_external_buffer(native, native.size))
             count = len(arrays)
-            await self._enqueue(
+            self._enqueue(
                 lane,
                 lane.stream,
                 [handle.bind("read_only") for handle in handles[:count]],
@@ -389,7 +391,7 @@ class PipelineCall:
                         backend.write_buffer(handle, data, stream=stream)
                     bindings.append(handle.bind(access, byte_size=size))
             count = len(arrays)
-            await self._enqueue(lane, stream, bindings[:count], bindings[count:], resolution)
+            self._enqueue(lane, stream, bindings[:count], bindings[count:], resolution)
             if not direct:
                 for foreign in _streams(results):
                     backend.lead_foreign_stream(foreign, stream)

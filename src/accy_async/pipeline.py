@@ -489,6 +489,8 @@ def _check_intermediates(
     request: PipelineLaunch,
 ) -> None:
     """Count, liveness, size, and that no scratch buffer aliases another or an operand."""
+    if not provided and not sizes:
+        return  # no scratch needed, none given
     if len(provided) != len(sizes):
         raise LaunchArgumentMismatch(
             f"the pipeline has {len(sizes)} intermediates, {len(provided)} were given",
@@ -507,8 +509,9 @@ def _check_intermediates(
         scratch: frozenset[int] | set[int] = provided.handle_ids
     else:
         scratch = {id(binding.handle) for binding in provided}
-    if len(scratch) == len(provided) and not any(
-        id(binding.handle) in scratch for binding in (*request.operands, *request.results)
+    if len(scratch) == len(provided) and scratch.isdisjoint(
+        [id(binding.handle) for binding in request.operands]
+        + [id(binding.handle) for binding in request.results]
     ):
         return
     for index, binding in enumerate(provided):  # find the first alias, to name it

@@ -3,7 +3,8 @@
 Another task cancels the caller's scope 5 ms into a 50 ms kernel; the row is the
 microseconds until ``wait_event``, ``wait_stream``, ``download`` or
 ``launch_pipeline`` has returned (what the device still uses goes to deferred
-release), and the worst lateness of a 1 ms heartbeat on the same loop over the
+release), beside the same cancellation of a plain ``anyio.sleep`` (the loop's and
+AnyIO's own share of it), and the worst lateness of a 1 ms heartbeat on the same loop over the
 row's trials: the driver holds launches, records and allocations while another
 thread loads a module or frees memory behind a running kernel, and a loop held
 there before the cancellation arrives would not show in the row's latencies.
@@ -42,6 +43,9 @@ __all__ = ["cancellation_section"]
 _CANCELLED_WAYS: Final = ("wait_event", "wait_stream", "download", "launch_pipeline")
 """The ways of waiting cancelled; the pipeline owns its scratch and kernels (no pool given)."""
 
+_BASELINE: Final = "anyio.sleep(1), cancelled (the loop's own floor)"
+"""The same cancellation of a plain sleep: what the loop and AnyIO's cancel scopes cost."""
+
 _CANCEL_AFTER_S: Final = 5e-3
 _KERNEL_NS: Final = 50_000_000
 _CANCELLATION_WORKLOAD: Final = "cancelled 5 ms into a 50 ms kernel"
@@ -69,6 +73,7 @@ async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
             stream=stream,
         )
         ways: dict[str, Callable[[], Awaitable[Any]]] = {
+            _BASELINE: lambda: anyio.sleep(1),
             "wait_event": lambda: wait_event(backend, event),
             "wait_stream": lambda: wait_stream(backend, stream),
             "download": lambda: download(backend, y, np.int32, 1, stream=stream),
@@ -93,11 +98,18 @@ async def _cancellation_rows(library: str, trials: int) -> dict[str, Any]:
                     )
                     await wait_stream(backend, stream)
                 beating.cancel_scope.cancel()
-            rows[f"accy {way}, cancelled ({library})"] = samples.summary(heartbeat.worst)
+            rows[_row_name(way, library)] = samples.summary(heartbeat.worst)
         backend.destroy_all([loaded, stamp, x, y, stream, event])
     finally:
         await backend.aclose()
     return rows
+
+
+def _row_name(way: str, library: str) -> str:
+    """A row's name: ``accy wait_event, cancelled (trio)``, or the baseline's on ``library``."""
+    if way == _BASELINE:
+        return f"{way} ({library})"
+    return f"accy {way}, cancelled ({library})"
 
 
 async def _cancel_later(scope: anyio.CancelScope, cancelled_at: list[float]) -> None:
@@ -112,7 +124,7 @@ def cancellation_section(libraries: Sequence[str], trials: int) -> Section:
     for library in libraries:
         print(f"cancellation on {library}", file=sys.stderr, flush=True)
         measure = partial(_cancellation_rows, library, trials)
-        names = [f"accy {way}, cancelled ({library})" for way in _CANCELLED_WAYS]
+        names = [_row_name(way, library) for way in (_BASELINE, *_CANCELLED_WAYS)]
         shape = {_CANCELLATION_WORKLOAD: names}
         part = run_on(library, guarded, shape, _wrap_rows(measure))
         rows.update(part[_CANCELLATION_WORKLOAD])

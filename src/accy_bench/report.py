@@ -56,10 +56,11 @@ _CANCELLATION_COLUMNS: Final[tuple[Column, ...]] = (
 )
 _CANCELLATION_INTRO: Final = (
     "Microseconds from cancelling the caller's scope (from another task, 5 ms into a 50 ms "
-    "kernel) until the cancelled call has given control back. What the device still uses "
-    "goes to deferred release. The heartbeat's worst lag shows a loop held up before the "
-    "cancellation arrived (the driver holds launches, records and allocations while a module "
-    "loads or memory is freed behind a running kernel)."
+    "kernel) until the cancelled call has given control back (its cancel scope exited), "
+    "beside a cancelled `anyio.sleep(1)`: the loop's and AnyIO's own share. What the device "
+    "still uses goes to deferred release. The heartbeat's worst lag shows a loop held up "
+    "before the cancellation arrived (the driver holds launches, records and allocations "
+    "while a module loads or memory is freed behind a running kernel)."
 )
 _SERVICE_INTRO: Final = (
     "Each task has its own stream, scratch and output; the input (all ones) and the kernel "

@@ -73,6 +73,24 @@ class LaunchConfig:
                 f"shared_memory_bytes must be an int from 0 to {_MAX_SHARED_MEMORY}, "
                 f"got {shared_memory_bytes!r}"
             )
+        self._fill(grid, block, shared_memory_bytes)
+
+    @classmethod
+    def trusted(
+        cls, grid: tuple[int, int, int], block: tuple[int, int, int], shared_memory_bytes: int
+    ) -> LaunchConfig:
+        """A config of values the caller has checked already: no checks made again.
+
+        Three positive ints each for ``grid`` and ``block``, the shared memory
+        in range: what a plan's resolution makes for each new size.
+        """
+        config = object.__new__(cls)
+        config._fill(grid, block, shared_memory_bytes)
+        return config
+
+    def _fill(
+        self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_memory_bytes: int
+    ) -> None:
         setter = object.__setattr__
         setter(self, "grid", grid)
         setter(self, "block", block)

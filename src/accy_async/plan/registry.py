@@ -110,10 +110,17 @@ def _check_payload(format: ArtifactFormat, payload: Payload, *prefix: str | int)
     if type(payload) is not expected:
         raise plan_error(
             f"format {format.value!r} needs a {expected.__struct_config__.tag!r} payload, "
-            f"got {type(payload).__struct_config__.tag!r}",
+            f"got {_payload_kind(payload)}",
             *prefix,
             "payload",
         )
+
+
+def _payload_kind(payload: object) -> str:
+    """What a payload is, for an error: its tag, or the Python type of a non-payload."""
+    config = getattr(type(payload), "__struct_config__", None)
+    tag = None if config is None else config.tag
+    return repr(tag) if isinstance(tag, str) else f"a {type(payload).__name__}"
 
 
 class ArtifactSpec(Base, frozen=True):

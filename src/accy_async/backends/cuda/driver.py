@@ -27,11 +27,22 @@ from ...errors import (
 __all__ = ["STICKY", "driver", "initialised_driver", "libc", "libcuda", "probe_cuda", "translate"]
 
 
-def driver() -> Any:
-    """``cuda.bindings.driver`` (imported on first use, so importing accy-async never needs it)."""
-    from cuda.bindings import driver as cuda_driver
+_driver_module: Any = None
 
-    return cuda_driver
+
+def driver() -> Any:
+    """``cuda.bindings.driver`` (imported on first use, so importing accy-async never needs it).
+
+    Kept once imported: hot paths call this for each driver call, and an
+    import statement costs more than the global read.
+    """
+    global _driver_module
+    module = _driver_module
+    if module is None:
+        from cuda.bindings import driver as cuda_driver
+
+        module = _driver_module = cuda_driver
+    return module
 
 
 @cache
