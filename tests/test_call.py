@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import weakref
 from typing import Any
 
@@ -329,3 +330,14 @@ async def test_host_tensors_offered_through_dlpack_are_used_in_place(
         assert out[-1] == 1000
         with pytest.raises(accy.LaunchArgumentMismatch, match="holds float64"):
             await scan(HostTensor(np.ones(4, np.float64)))
+
+
+async def test_a_negative_zero_scalar_is_not_taken_for_a_cached_zero(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    x, y = np.ones(4, np.float32), np.full(4, -0.0, np.float32)
+    async with accy.open_pipeline("saxpy_f32", backend=cpu_backend) as saxpy:
+        for a in (-0.0, 0.0, -0.0, accy.F32(0.0), accy.F32(-0.0)):
+            value = a.value if isinstance(a, accy.F32) else a
+            result = await saxpy(x, y, a=a)
+            assert list(np.signbit(result)) == [math.copysign(1.0, value) < 0] * 4, a

@@ -290,3 +290,30 @@ async def test_a_pool_used_on_a_stream_destroyed_since_still_waits_for_the_other
     await scratch.aclose()
     recording.destroy_all([operand, result, second])
     await recording.aclose()
+
+
+async def test_closed_scratch_is_refused_even_when_the_pipeline_needs_none() -> None:
+    document = library.load_builtin("saxpy_f32")
+    backend = accy.RecordingBackend()
+    fmt = sorted(document.registry.formats(), key=lambda each: each.value)[0]
+    arguments = (p.U32(4), p.F32(2.0))
+    pool = await load_pipeline_artifacts(backend, document.pipeline, document.registry, fmt)
+    scratch = await allocate_pipeline_intermediates(backend, document.pipeline, arguments)
+    await scratch.aclose()
+    x, y = backend.allocate_buffer(16), backend.allocate_buffer(16)
+    request = PipelineLaunch(
+        pipeline=document.pipeline,
+        registry=document.registry,
+        format=fmt,
+        operands=[x.bind("read_only")] * document.pipeline.operand_count,
+        results=[y.bind()],
+        runtime_scalar_arguments=arguments,
+        intermediates=scratch,
+        artifacts=pool,
+    )
+    for _ in range(3):  # the first launch, and the relaunches of a remembered request
+        with pytest.raises(accy.LaunchArgumentMismatch, match="intermediates are closed"):
+            await launch_pipeline(backend, request)
+    assert backend.launch_count == 0
+    await pool.aclose()
+    backend.destroy_all([x, y])

@@ -11,6 +11,7 @@ sizes by one) and what they decide, and finds where the results land
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -23,6 +24,7 @@ from .errors import LaunchArgumentMismatch
 from .interop import DeviceArray, cpu_array, device_array, empty_like
 from .pipeline import PipelineArtifactPool, Resolution, resolve_launch
 from .plan import DType, Forward, PipelineBuffer, PipelineDocument, ScalarArgument, resolve_quantity
+from .plan._base import Tagged
 
 __all__ = ["Array", "Intake", "refuse_device_arrays"]
 
@@ -153,9 +155,9 @@ class Intake:
 
         Cached by value (:func:`resolve_launch` caches per pipeline too, but keyed by
         typed scalars only). The key holds each value's type, so ``5`` and ``5.0``
-        (equal, one hash) are checked apart.
+        (equal, one hash) are checked apart, and a float's sign, so ``-0.0`` stays ``-0.0``.
         """
-        key = tuple([(type(value), value) for value in values])
+        key = tuple([_key_of(value) for value in values])
         cached = self._resolutions.get(key)
         if cached is not None:
             return cached
@@ -223,6 +225,14 @@ class Intake:
                 )
             checked.append(item)
         return checked
+
+
+def _key_of(value: ScalarArgument | int | float) -> tuple[Any, ...]:
+    """A scalar as a cache key: its type, its value, and for a float the sign of its zero."""
+    number = value.value if isinstance(value, Tagged) else value
+    if number.__class__ is float:
+        return (type(value), number, math.copysign(1.0, number))
+    return (type(value), number)
 
 
 def refuse_device_arrays(arrays: Sequence[Array], results: Sequence[Array]) -> None:

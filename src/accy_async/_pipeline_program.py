@@ -10,6 +10,7 @@ public names.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,8 +38,9 @@ from .plan import (
     resolve_quantity,
     validate_plan,
 )
+from .plan._base import Tagged
 from .plan.geometry import Quantity
-from .plan.scalars import SCALAR_CLASSES, integer_value
+from .plan.scalars import F64, SCALAR_CLASSES, integer_value
 
 __all__ = [
     "Program",
@@ -46,8 +48,8 @@ __all__ = [
     "choose_format",
     "intermediate_byte_size",
     "program_of",
-    "resolve_in_general",
     "resolve_program",
+    "resolve_step_by_step",
 ]
 
 _MAX_BYTES: Final = 2**63 - 1
@@ -67,7 +69,7 @@ class Program:
     """Per stage, each buffer as ``(source, index)``: 0 operand, 1 result, 2 intermediate."""
     resolved: OrderedDict[tuple[ScalarArgument | int | float, ...], Resolution]
     resolver: _Resolver
-    """The resolution of a size not yet seen, laid out for this program (its usual case)."""
+    """Resolves scalars not seen before (the plan laid out once): see :class:`_Resolver`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +115,13 @@ def program_of(
     return _programs.put(
         (pipeline, registry),
         Program(
-            pipeline, registry, format, entries, refs, OrderedDict(), _Resolver(pipeline, entries)
+            pipeline,
+            registry,
+            format,
+            entries,
+            refs,
+            OrderedDict(),
+            _Resolver(pipeline, entries, refs),
         ),
         format,
     )
@@ -122,27 +130,49 @@ def program_of(
 def resolve_program(
     program: Program, arguments: Sequence[ScalarArgument | int | float]
 ) -> Resolution:
+    """What ``arguments`` decide for ``program``, cached (see :func:`resolve_launch`)."""
     key = tuple(arguments)
-    cached = program.resolved.get(key)
-    if cached is not None:
-        return cached
-    resolved = program.resolver(key, program.refs)
+    resolved = _cached(program, key)
+    if resolved is not None:
+        return resolved
+    resolver = program.resolver
+    typed = resolver.typed(key)
+    values: list[Any] | None = None
+    if typed is None:  # something the quick typing leaves to the plan's own checks
+        arguments = program.pipeline.validate_runtime_scalar_arguments(key)
+    else:
+        arguments, values = typed
+    if arguments != key:
+        # Plain numbers: 5, 5.0 and True are equal keys, so they are never stored; the
+        # typed arguments they make are.
+        resolved = _cached(program, arguments)
+        if resolved is not None:
+            return resolved
+    if values is not None:
+        resolved = resolver.resolve(arguments, values)
     if resolved is None:
-        typed = program.pipeline.validate_runtime_scalar_arguments(key)
-        if typed != key:
-            # Plain numbers: 5, 5.0 and True are equal keys, so they are never stored; the
-            # typed arguments they make are.
-            cached = program.resolved.get(typed)
-            if cached is not None:
-                return cached
-        resolved = resolve_in_general(program, typed)
-    program.resolved[resolved.arguments] = resolved
+        resolved = resolve_step_by_step(program, arguments)
+    program.resolved[arguments] = resolved
     if len(program.resolved) > _RESOLVED_CAPACITY:
         program.resolved.popitem(last=False)
     return resolved
 
 
-def resolve_in_general(program: Program, arguments: tuple[ScalarArgument, ...]) -> Resolution:
+def _cached(program: Program, key: tuple[ScalarArgument | int | float, ...]) -> Resolution | None:
+    """The cached resolution of ``key``, if any (``-0.0`` and ``0.0`` are equal keys, not alike)."""
+    cached = program.resolved.get(key)
+    if cached is None or not program.resolver.takes_floats:
+        return cached
+    for typed, given in zip(cached.arguments, key, strict=True):
+        value = typed.value
+        if value.__class__ is float and not value:
+            other = given.value if isinstance(given, Tagged) else given
+            if math.copysign(1.0, value) != math.copysign(1.0, other):
+                return None
+    return cached
+
+
+def resolve_step_by_step(program: Program, arguments: tuple[ScalarArgument, ...]) -> Resolution:
     """The resolution of typed, checked ``arguments``, each step as the plan states it.
 
     What :class:`_Resolver` does faster for well-formed scalars; this one
@@ -169,6 +199,7 @@ _FIXED, _FORWARD, _CEIL_DIV = 0, 1, 2
 
 _SCALAR_CLASSES: Final = frozenset(SCALAR_CLASSES.values())
 _INTEGER_CLASSES: Final = frozenset(cls for name, cls in SCALAR_CLASSES.items() if name[0] in "ui")
+_F32_MAX: Final = 3.4028234663852886e38
 
 
 def _layout(quantity: Quantity | Constant) -> tuple[int, Any, int]:
@@ -187,17 +218,34 @@ class _Resolver:
     plan's structure read once (each extent, derivation and grid dimension as
     a ``(kind, index, divisor)`` triple) and launch configs of values it has
     checked. It handles what is well formed only and answers ``None`` for
-    anything else (a plain float, a bound broken, a zero extent, a grid out
-    of range), which the general path then resolves or refuses with its
-    error naming the argument.
+    anything else (a float where an int goes, a bound broken, a zero extent,
+    a grid out of range), which the step-by-step path then resolves or refuses
+    with its error naming the argument.
     """
 
-    __slots__ = ("_bounds", "_count", "_intermediates", "_stages", "_types")
+    __slots__ = (
+        "_bounds",
+        "_count",
+        "_intermediates",
+        "_refs",
+        "_stages",
+        "_types",
+        "takes_floats",
+    )
 
-    def __init__(self, pipeline: KernelCallPipeline, entries: Sequence[RegistryEntry]) -> None:
+    def __init__(
+        self,
+        pipeline: KernelCallPipeline,
+        entries: Sequence[RegistryEntry],
+        refs: tuple[tuple[tuple[int, int], ...], ...],
+    ) -> None:
+        self._refs = refs
         self._count = pipeline.runtime_scalar_argument_count
-        self._types = tuple(SCALAR_CLASSES[name] for name in pipeline.runtime_scalar_types)
+        types = pipeline.runtime_scalar_types
+        self._types = tuple(SCALAR_CLASSES[name] for name in types)
         """The declared class of each argument (the first ones, or none)."""
+        self.takes_floats = len(types) < self._count or any(name[0] == "f" for name in types)
+        """Whether a runtime scalar may be a float (whose zero has a sign the cache must keep)."""
         self._bounds = tuple(
             (bound.argument_index, bound.min, bound.max) for bound in pipeline.runtime_scalar_bounds
         )
@@ -209,36 +257,47 @@ class _Resolver:
             derivations = tuple(_layout(derivation) for derivation in stage.scalars)
             launch = entry.launch
             try:
-                if isinstance(launch, FixedLaunch):
-                    config = LaunchConfig(*launch.resolve(()))
-                    stages.append((derivations, None, config, 0))
+                if isinstance(launch, FixedLaunch):  # its config, made once
+                    stages.append((derivations, None, LaunchConfig(*launch.resolve(()))))
                     continue
                 checked = LaunchConfig((1, 1, 1), launch.block, launch.shared_memory_bytes)
             except LaunchArgumentMismatch:
-                stages.append(None)  # a geometry the general path refuses, with its error
+                stages.append(None)  # a geometry the step-by-step path refuses, with its error
                 continue
             grid = tuple(_layout(dimension) for dimension in launch.grid)
-            stages.append((derivations, grid, checked.block, checked.shared_memory_bytes))
+            stages.append((derivations, grid, checked))
         self._stages = tuple(stages)
 
-    def __call__(
-        self, key: tuple[ScalarArgument | int | float, ...], refs: Any
-    ) -> Resolution | None:
-        """The resolution for ``key``, or ``None`` where the general path must decide."""
+    def typed(
+        self, key: tuple[ScalarArgument | int | float, ...]
+    ) -> tuple[tuple[ScalarArgument, ...], list[Any]] | None:
+        """The arguments typed and within their bounds, with each one's int value.
+
+        A float's value is ``None``. Answers ``None`` where the plan's own
+        checks must decide (or refuse).
+        """
         if len(key) != self._count:
             return None
         arguments: list[ScalarArgument] = []
-        values: list[Any] = []  # each argument's int value (None for a float)
+        values: list[Any] = []
         types = self._types
         for index, given in enumerate(key):
+            given_value: Any = given  # a plain number, or a scalar (told apart by class)
             cls: Any = given.__class__
             if cls is int and index < len(types):  # a plain int, typed as the plan declares
                 cls = types[index]
-                if cls not in _INTEGER_CLASSES or not cls.bounds[0] <= given <= cls.bounds[1]:
+                if cls not in _INTEGER_CLASSES or not cls.bounds[0] <= given_value <= cls.bounds[1]:
                     return None
-                argument: ScalarArgument = cls(given)
+                argument: ScalarArgument = cls(given_value)
+            elif cls is float and index < len(types):  # a plain float, for a float scalar
+                cls = types[index]
+                if cls in _INTEGER_CLASSES or not (
+                    math.isfinite(given_value) and (cls is F64 or abs(given_value) <= _F32_MAX)
+                ):
+                    return None
+                argument = cls(given_value)
             elif cls in _SCALAR_CLASSES and (index >= len(types) or cls is types[index]):
-                argument = given  # type: ignore[assignment]  # a scalar class, checked
+                argument = given_value
             else:
                 return None
             arguments.append(argument)
@@ -251,25 +310,34 @@ class _Resolver:
                 or (high is not None and value > high)
             ):
                 return None
+        return tuple(arguments), values
+
+    def resolve(
+        self, arguments: tuple[ScalarArgument, ...], values: list[Any]
+    ) -> Resolution | None:
+        """The resolution of :meth:`typed`'s answer.
+
+        ``None`` where the step-by-step path must decide: a zero extent or one
+        beyond 63 bits, a grid out of range, ...
+        """
         sizes = []
         for kind, what, divisor, itemsize in self._intermediates:
             extent = _quantity(kind, what, divisor, values)
             if not extent or extent * itemsize > _MAX_BYTES:
                 return None
             sizes.append(extent * itemsize)
-        typed = tuple(arguments)
         stage_scalars = []
         configs = []
         for stage in self._stages:
             if stage is None:
                 return None
-            derivations, grid, block, shared = stage
+            derivations, grid, config = stage
             scalars = []
             for kind, what, divisor in derivations:
                 if kind == _FIXED:
                     scalars.append(what)
                     continue
-                argument = typed[what]
+                argument = arguments[what]
                 if kind == _FORWARD:
                     scalars.append(argument)
                     continue
@@ -279,7 +347,7 @@ class _Resolver:
                 scalars.append(argument.__class__(-(-value // divisor)))
             stage_scalars.append(tuple(scalars))
             if grid is None:
-                configs.append(block)  # a fixed launch: its config, made once
+                configs.append(config)
                 continue
             dims = []
             for kind, what, divisor in grid:
@@ -295,8 +363,10 @@ class _Resolver:
             x, y, z = dims
             if not (0 < x <= _MAX_GRID_X and 0 < y <= _MAX_GRID_YZ and 0 < z <= _MAX_GRID_YZ):
                 return None
-            configs.append(LaunchConfig.trusted((x, y, z), block, shared))
-        return Resolution(typed, tuple(stage_scalars), tuple(configs), tuple(sizes), refs)
+            configs.append(
+                LaunchConfig.unchecked((x, y, z), config.block, config.shared_memory_bytes)
+            )
+        return Resolution(arguments, tuple(stage_scalars), tuple(configs), tuple(sizes), self._refs)
 
 
 def _quantity(kind: int, what: int, divisor: int, values: Sequence[int | None]) -> int | None:

@@ -489,6 +489,8 @@ def _check_intermediates(
     request: PipelineLaunch,
 ) -> None:
     """Count, liveness, size, and that no scratch buffer aliases another or an operand."""
+    if isinstance(provided, PipelineIntermediates) and provided.closed:
+        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
     if not provided and not sizes:
         return  # no scratch needed, none given
     if len(provided) != len(sizes):
@@ -496,8 +498,6 @@ def _check_intermediates(
             f"the pipeline has {len(sizes)} intermediates, {len(provided)} were given",
             path="$.intermediates",
         )
-    if isinstance(provided, PipelineIntermediates) and provided.closed:
-        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
     backend.check_bindings(provided, "$.intermediates")
     for index, (binding, size) in enumerate(zip(provided, sizes, strict=True)):
         if binding.byte_size < size:

@@ -43,7 +43,7 @@ __all__ = ["cancellation_section"]
 _CANCELLED_WAYS: Final = ("wait_event", "wait_stream", "download", "launch_pipeline")
 """The ways of waiting cancelled; the pipeline owns its scratch and kernels (no pool given)."""
 
-_BASELINE: Final = "anyio.sleep(1), cancelled (the loop's own floor)"
+_BASELINE: Final = "anyio.sleep(1), cancelled: the loop's own floor"
 """The same cancellation of a plain sleep: what the loop and AnyIO's cancel scopes cost."""
 
 _CANCEL_AFTER_S: Final = 5e-3

@@ -76,7 +76,7 @@ class LaunchConfig:
         self._fill(grid, block, shared_memory_bytes)
 
     @classmethod
-    def trusted(
+    def unchecked(
         cls, grid: tuple[int, int, int], block: tuple[int, int, int], shared_memory_bytes: int
     ) -> LaunchConfig:
         """A config of values the caller has checked already: no checks made again.
