@@ -32,27 +32,39 @@ geometries = st.builds(
 )
 
 
-def quantities(argument_count: int) -> st.SearchStrategy[p.Quantity]:
-    fixed = st.builds(p.Fixed, st.integers(1, 2**40))
+def quantities(
+    argument_count: int,
+    fixed_values: st.SearchStrategy[int] | None = None,
+    divisors: st.SearchStrategy[int] | None = None,
+) -> st.SearchStrategy[p.Quantity]:
+    fixed = st.builds(p.Fixed, st.integers(1, 2**40) if fixed_values is None else fixed_values)
+    return _of_arguments(fixed, argument_count, divisors)
+
+
+def derivations(
+    argument_count: int,
+    constants: st.SearchStrategy[p.ScalarArgument] | None = None,
+    divisors: st.SearchStrategy[int] | None = None,
+) -> st.SearchStrategy[p.ScalarDerivation]:
+    constant = st.builds(p.Constant, scalars if constants is None else constants)
+    return _of_arguments(constant, argument_count, divisors)
+
+
+def _of_arguments(
+    fixed: st.SearchStrategy[Any], argument_count: int, divisors: st.SearchStrategy[int] | None
+) -> st.SearchStrategy[Any]:
+    """``fixed``, or a runtime scalar forwarded or divided (by one of ``divisors``)."""
     if argument_count == 0:
         return fixed
     index = st.integers(0, argument_count - 1)
     return st.one_of(
         fixed,
         st.builds(p.Forward, argument_index=index),
-        st.builds(p.CeilDiv, argument_index=index, divisor=st.integers(1, 2**32)),
-    )
-
-
-def derivations(argument_count: int) -> st.SearchStrategy[p.ScalarDerivation]:
-    constant = st.builds(p.Constant, scalars)
-    if argument_count == 0:
-        return constant
-    index = st.integers(0, argument_count - 1)
-    return st.one_of(
-        constant,
-        st.builds(p.Forward, argument_index=index),
-        st.builds(p.CeilDiv, argument_index=index, divisor=st.integers(1, 2**32)),
+        st.builds(
+            p.CeilDiv,
+            argument_index=index,
+            divisor=st.integers(1, 2**32) if divisors is None else divisors,
+        ),
     )
 
 

@@ -163,28 +163,17 @@ _scalars = st.one_of(
 )
 
 
+_divisors = st.sampled_from([1, 3, 64, 2**32])
+
+
 def _quantities(count: int) -> st.SearchStrategy[Any]:
-    fixed = st.builds(p.Fixed, st.one_of(st.integers(0, 3), st.integers(0, 2**63 - 1)))
-    if count == 0:
-        return fixed
-    index = st.integers(0, count - 1)
-    return st.one_of(
-        fixed,
-        st.builds(p.Forward, argument_index=index),
-        st.builds(p.CeilDiv, argument_index=index, divisor=st.sampled_from([1, 3, 64, 2**32])),
+    return strategies.quantities(
+        count, st.one_of(st.integers(0, 3), st.integers(0, 2**63 - 1)), _divisors
     )
 
 
 def _derivations(count: int) -> st.SearchStrategy[Any]:
-    constant = st.builds(p.Constant, _scalars)
-    if count == 0:
-        return constant
-    index = st.integers(0, count - 1)
-    return st.one_of(
-        constant,
-        st.builds(p.Forward, argument_index=index),
-        st.builds(p.CeilDiv, argument_index=index, divisor=st.sampled_from([1, 3, 64, 2**32])),
-    )
+    return strategies.derivations(count, _scalars, _divisors)
 
 
 @st.composite
