@@ -132,24 +132,22 @@ def resolve_program(
 ) -> Resolution:
     """What ``arguments`` decide for ``program``, cached (see :func:`resolve_launch`)."""
     key = tuple(arguments)
-    resolved = _cached(program, key)
-    if resolved is not None:
-        return resolved
     resolver = program.resolver
+    cached = program.resolved.get(key)
+    if cached is not None and (not resolver.takes_floats or _same_zeros(cached, key)):
+        return cached
     typed = resolver.typed(key)
-    values: list[Any] | None = None
     if typed is None:  # something the quick typing leaves to the plan's own checks
-        arguments = program.pipeline.validate_runtime_scalar_arguments(key)
+        arguments, values = program.pipeline.validate_runtime_scalar_arguments(key), None
     else:
         arguments, values = typed
     if arguments != key:
         # Plain numbers: 5, 5.0 and True are equal keys, so they are never stored; the
         # typed arguments they make are.
-        resolved = _cached(program, arguments)
-        if resolved is not None:
-            return resolved
-    if values is not None:
-        resolved = resolver.resolve(arguments, values)
+        cached = program.resolved.get(arguments)
+        if cached is not None and (not resolver.takes_floats or _same_zeros(cached, arguments)):
+            return cached
+    resolved = None if values is None else resolver.resolve(arguments, values)
     if resolved is None:
         resolved = resolve_step_by_step(program, arguments)
     program.resolved[arguments] = resolved
@@ -158,18 +156,15 @@ def resolve_program(
     return resolved
 
 
-def _cached(program: Program, key: tuple[ScalarArgument | int | float, ...]) -> Resolution | None:
-    """The cached resolution of ``key``, if any (``-0.0`` and ``0.0`` are equal keys, not alike)."""
-    cached = program.resolved.get(key)
-    if cached is None or not program.resolver.takes_floats:
-        return cached
+def _same_zeros(cached: Resolution, key: tuple[ScalarArgument | int | float, ...]) -> bool:
+    """Whether each float zero of ``key`` has the sign of ``cached``'s (``-0.0 == 0.0``)."""
     for typed, given in zip(cached.arguments, key, strict=True):
         value = typed.value
         if value.__class__ is float and not value:
             other = given.value if isinstance(given, Tagged) else given
             if math.copysign(1.0, value) != math.copysign(1.0, other):
-                return None
-    return cached
+                return False
+    return True
 
 
 def resolve_step_by_step(program: Program, arguments: tuple[ScalarArgument, ...]) -> Resolution:
