@@ -14,7 +14,13 @@ import pytest
 import accy_async as accy
 from accy_async.backends import Anticipation
 from accy_async.testing import live_after_drain
-from accy_async.waiting import MAX_WATCHERS, CompletionLatch, sleep_until, wait_completion
+from accy_async.waiting import (
+    FRUGAL_LEARNS_EVERY,
+    MAX_WATCHERS,
+    CompletionLatch,
+    sleep_until,
+    wait_completion,
+)
 
 from .conftest import EVERY_LOOP
 from .heartbeat import Heartbeat
@@ -294,6 +300,21 @@ async def test_a_sure_forecast_is_slept_on_without_looking_in() -> None:
     assert finished > 0.05  # nobody looked: the first query came near the due time
     assert backend.queries < 10
     await backend.aclose()
+
+
+async def test_a_frugal_wait_wakes_once_past_the_due_time_but_now_and_then_looks_early() -> None:
+    """Work that ends early is seen by a frugal wait only after its due time (one wake-up a
+    wait), except on one wait in ``FRUGAL_LEARNS_EVERY``, which looks in a spread before it."""
+    rounds = 2 * FRUGAL_LEARNS_EVERY
+    early, queries = 0, []
+    for _ in range(rounds):
+        backend = WatchedRecording(Anticipation(time.perf_counter() + 0.05, 10e-3))
+        finished = await _wait_finished_by_a_thread(backend, 0.002, policy="frugal")
+        early += finished < 0.05
+        queries.append(backend.queries)
+        await backend.aclose()
+    assert early == 2  # the learning turns: woken a spread early, they saw it done
+    assert max(queries) == 2  # the first look, then one wake-up that saw it done
 
 
 async def test_without_a_forecast_the_polls_space_out_with_the_time_waited() -> None:

@@ -48,13 +48,19 @@ __all__ = [
 ]
 
 Policy: TypeAlias = Literal["latency", "balanced", "frugal"]
-Waiter: TypeAlias = Callable[[Any], Awaitable[None]]
-"""Waits, from the loop, for the work enqueued on a stream (a native stream or a handle)."""
+Waiter: TypeAlias = Callable[[Any, float], Awaitable[None]]
+"""Waits, from the loop, for the work enqueued on a stream (a native stream or a handle);
+the second argument is when the trial's kernels should end (a :func:`time.perf_counter`
+instant), which only the oracle baseline reads."""
 
 _GAP_S: Final = 0.5e-3
 """The pause between trials, slept on the loop's precise clock."""
 _POLL_S: Final = 120e-6
 """The period of the loop-local polling baseline."""
+_ORACLE_SLACK_S: Final = 30e-6
+"""How long after the kernels' known end the oracle baseline wakes."""
+_ORACLE_POLL_S: Final = 50e-6
+"""The oracle's polls, should the kernels run past their known end (a fresh stream's first)."""
 _TRIAL_OVERHEAD_S: Final = 0.65e-3
 """A trial's time beyond its kernels: the gap, two calibrations, launch and wake-up."""
 
@@ -157,7 +163,8 @@ ACCY_METHODS: Final = (
 )
 
 
-async def _poll_yield(event: Any, stream: Any) -> None:
+async def _poll_yield(event: Any, stream: Any, end: float) -> None:
+    del end
     d = driver()
     ok(d.cuEventRecord(event, stream), "record")
     not_ready = d.CUresult.CUDA_ERROR_NOT_READY
@@ -165,7 +172,8 @@ async def _poll_yield(event: Any, stream: Any) -> None:
         await anyio.lowlevel.checkpoint()
 
 
-async def _poll_timer(event: Any, stream: Any) -> None:
+async def _poll_timer(event: Any, stream: Any, end: float) -> None:
+    del end
     d = driver()
     ok(d.cuEventRecord(event, stream), "record")
     not_ready = d.CUresult.CUDA_ERROR_NOT_READY
@@ -173,18 +181,31 @@ async def _poll_timer(event: Any, stream: Any) -> None:
         await sleep_until(time.perf_counter() + _POLL_S)
 
 
-async def _to_thread(event: Any, stream: Any) -> None:
+async def _to_thread(event: Any, stream: Any, end: float) -> None:
+    del end
     d = driver()
     ok(d.cuEventRecord(event, stream), "record")
     ok(await anyio.to_thread.run_sync(d.cuEventSynchronize, event), "synchronize")
 
 
-BASELINES: Final[dict[str, Callable[[Any, Any], Awaitable[None]]]] = {
+async def _oracle(event: Any, stream: Any, end: float) -> None:
+    d = driver()
+    ok(d.cuEventRecord(event, stream), "record")
+    not_ready = d.CUresult.CUDA_ERROR_NOT_READY
+    await sleep_until(end + _ORACLE_SLACK_S)
+    while d.cuEventQuery(event)[0] == not_ready:
+        await sleep_until(time.perf_counter() + _ORACLE_POLL_S)
+
+
+BASELINES: Final[dict[str, Callable[[Any, Any, float], Awaitable[None]]]] = {
     "poll cuEventQuery + yield (the floor, burns a core)": _poll_yield,
     "poll cuEventQuery every 120 us on the loop's clock": _poll_timer,
     "to_thread(cuEventSynchronize)": _to_thread,
+    "oracle: one sleep to the known end + 30 us (one wake-up's CPU floor)": _oracle,
 }
-"""The baselines: raw rig kernels and a raw event on the rig's stream."""
+"""The baselines: raw rig kernels and a raw event on the rig's stream. The oracle knows
+each trial's kernel lengths, which no real wait does: its CPU is what one wake-up a wait
+costs on this machine, beside the heartbeat and the launch (the floor for ``frugal``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,12 +263,14 @@ def _accy_waiter(backend: CudaBackend, event: EventHandle, method: AccyMethod) -
     policy = method.policy
     if method.on == "stream":
 
-        async def on_stream(stream: StreamHandle) -> None:
+        async def on_stream(stream: StreamHandle, end: float) -> None:
+            del end
             await wait_stream(backend, stream, policy=policy)
 
         return on_stream
 
-    async def on_event(stream: StreamHandle) -> None:
+    async def on_event(stream: StreamHandle, end: float) -> None:
+        del end
         backend.record_event(event, stream)
         await wait_event(backend, event, policy=policy)
 
@@ -287,7 +310,7 @@ async def _trials(
             cpu, wall = time.process_time(), time.perf_counter()
             for ns in lengths:
                 target.launch(ns, stream)
-            await wait(stream)
+            await wait(stream, wall + sum(lengths) * 1e-9)
             resumed = time.time_ns()
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             stamp = target.stamp.value  # the last kernel's: they all stamp the same word

@@ -16,7 +16,8 @@ WaitPolicy: TypeAlias = Literal["latency", "balanced", "frugal"]
 
 ``latency`` watches from the loop the whole time (it may use a core while it
 waits); ``balanced`` (the default) sleeps until shortly before the work is
-due and watches from then; ``frugal`` spends at most about a tenth of a core.
+due and watches from then; ``frugal`` wakes about once a wait, a forecast spread
+past the due time (the least CPU, more latency).
 """
 
 WAIT_POLICIES: Final[tuple[WaitPolicy, ...]] = get_args(WaitPolicy)
