@@ -244,6 +244,26 @@ def test_a_late_sighting_only_bounds(clock: Clock) -> None:
     assert expected.due - 400.0 < 1e-3
 
 
+def test_a_coarse_sighting_makes_a_model_no_surer_than_its_bracket(clock: Clock) -> None:
+    """A wait that looks once, long after the due time, confirms nothing (a model that runs
+    long would otherwise grow sure of itself); a bracket within the spread does."""
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    ledger.enqueue(model, launch(1))
+    seen_at(ledger, 1, clock.now + LAUNCH_LATENCY + 2e-3)  # measured: 2 ms
+    sure = model.relative_error
+    for _ in range(20):  # pending when the wait began, seen done 0.5 ms past the due time
+        clock.now += 1.0
+        ledger.enqueue(model, launch(1))
+        ledger.completed(ledger.position, clock.now, clock.now + LAUNCH_LATENCY + 2.5e-3)
+    assert model.relative_error == sure
+    clock.now += 1.0
+    ledger.enqueue(model, launch(1))
+    begin = clock.now + LAUNCH_LATENCY
+    ledger.completed(ledger.position, begin + 1.9e-3, begin + 2.1e-3)  # within its spread
+    assert model.relative_error < sure
+
+
 def test_a_long_ledger_forgets_what_must_have_ended(clock: Clock) -> None:
     ledger = Ledger(Forecast())
     model = ledger.forecast.model("k", "k")

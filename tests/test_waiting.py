@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import gc
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import accy_async as accy
+from accy_async import waiting
 from accy_async.backends import Anticipation
 from accy_async.testing import live_after_drain
 from accy_async.waiting import (
@@ -302,19 +304,25 @@ async def test_a_sure_forecast_is_slept_on_without_looking_in() -> None:
     await backend.aclose()
 
 
-async def test_a_frugal_wait_wakes_once_past_the_due_time_but_now_and_then_looks_early() -> None:
-    """Work that ends early is seen by a frugal wait only after its due time (one wake-up a
-    wait), except on one wait in ``FRUGAL_LEARNS_EVERY``, which looks in a spread before it."""
-    rounds = 2 * FRUGAL_LEARNS_EVERY
-    early, queries = 0, []
-    for _ in range(rounds):
-        backend = WatchedRecording(Anticipation(time.perf_counter() + 0.05, 10e-3))
+async def test_a_frugal_wait_wakes_once_past_the_due_time_but_now_and_then_looks_early(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Work that ends early is seen by a frugal wait only past its due time (one wake-up a
+    wait), but for the waits drawn to learn (about one in ``FRUGAL_LEARNS_EVERY``), which
+    look in a spread before it."""
+    # Below 1 / FRUGAL_LEARNS_EVERY a draw learns: the second wait only.
+    draws = iter([0.9, 0.5 / FRUGAL_LEARNS_EVERY, 0.9, 1.5 / FRUGAL_LEARNS_EVERY])
+    monkeypatch.setattr(waiting, "_learning_draws", SimpleNamespace(random=lambda: next(draws)))
+    due, spread = 0.1, 5e-3
+    early, queries = [], []
+    for _ in range(4):
+        backend = WatchedRecording(Anticipation(time.perf_counter() + due, spread))
         finished = await _wait_finished_by_a_thread(backend, 0.002, policy="frugal")
-        early += finished < 0.05
+        early.append(finished < due)
         queries.append(backend.queries)
         await backend.aclose()
-    assert early == 2  # the learning turns: woken a spread early, they saw it done
-    assert max(queries) == 2  # the first look, then one wake-up that saw it done
+    assert early == [False, True, False, False]
+    assert queries == [2, 2, 2, 2]  # the first look, then one wake-up that saw it done
 
 
 async def test_without_a_forecast_the_polls_space_out_with_the_time_waited() -> None:

@@ -11,7 +11,8 @@ them: ``launch_pipeline``, ``download``, graph runs) wait the same way:
   wait watches it itself. With a forecast of the work (the backend learns
   each kernel's cost from what was launched, :mod:`accy_async.backends.forecast`)
   it sleeps on the loop's own precise clock until just before the work is
-  due, looking in on the way, then polls between checkpoints until done.
+  due, looking in on the way, then polls between checkpoints until done
+  (``frugal``: until just after, then polls sparsely).
   Without one (a kernel never seen, or one running long past its forecast)
   it follows a schedule that adapts to the elapsed time: a brief spin, then
   polls spaced by a fraction of the time waited so far.
@@ -26,16 +27,17 @@ Each wait follows a :data:`~accy_async.backends.WaitPolicy`, the backend's
 (``backend.wait_policy``, ``"balanced"`` by default) or the call's
 ``policy=``: ``"latency"`` watches from the first moment (it may spin a
 core), ``"balanced"`` sleeps until the work is nearly due, ``"frugal"`` sleeps
-until a forecast spread *past* the due time, so work that ends on time costs
-one wake-up, and polls sparsely after (on one wait in
-:data:`FRUGAL_LEARNS_EVERY` it looks in a spread before the due time as well,
-so the forecast still learns when work ends early): the least CPU, more latency.
+until a forecast spread (at least the clock's margin) *past* the due time, so
+work that ends on time costs one wake-up, and polls sparsely after; about one
+wait in :data:`FRUGAL_LEARNS_EVERY`, drawn at random, wakes a spread before the
+due time instead, so a forecast that runs long still learns that the work got
+shorter. The least CPU; more latency.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+import random
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -71,10 +73,11 @@ of tasks behind one kernel) would keep the loop spinning.
 """
 
 FRUGAL_LEARNS_EVERY: Final = 8
-"""One ``frugal`` wait in this many looks in a forecast spread before the due time.
+"""About one ``frugal`` wait in this many (drawn at random, so no cycle of waits always
+misses it) wakes a forecast spread before the due time.
 
-The others wake once, a spread past it: seen that late, a completion only
-brackets the work's length, and a forecast that ran long would never learn
+The others wake once, past it: a completion seen then tells the forecast only
+that the work ended before, so a forecast that runs long would never learn
 that the work got shorter.
 """
 
@@ -366,8 +369,8 @@ class _Schedule:
     """How often to look in on the way, in case the work ends early, when the forecast is
     unsure (its spread over 5% of the time to go); never when it is sure."""
     learn_every: int
-    """On one wait in this many, wake a spread before the due time all the same (0: never),
-    so that a completion earlier than forecast is seen narrowly and learned."""
+    """On about one wait in this many, drawn at random, wake a spread before the due time
+    all the same (0: never), so that a forecast that runs long is seen to and learns."""
     tight_window: bool
     """Around the due time, poll between checkpoints (else on the clock, ``alarm_step`` apart)."""
     alarm_step: float
@@ -413,8 +416,9 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
         least_interval=40e-6,
         most_interval=1e-3,
     ),
-    # One wake-up a spread past the due time when the forecast holds (the probe of session 15
-    # on the H200: two wake-ups a wait cost 0.14-0.20 cores on 2 ms kernels, one 0.09-0.12).
+    # One wake-up past the due time when the forecast holds. On the H200 (session 15) the old
+    # frugal's two wake-ups a wait cost 0.14-0.20 cores on 2 ms kernels, this one 0.09-0.17,
+    # and an oracle that slept once to each kernel's known end 0.08-0.12.
     "frugal": _Schedule(
         spin_throughout=False,
         spread_factor=-1.0,
@@ -445,8 +449,8 @@ _APPROACH: Final = 300e-6
 _LOOK_BOUNDS: Final = (100e-6, 10e-3)
 """The shortest and longest time between look-ins on the way to the due time."""
 
-_waits_to_learn_from = itertools.count(1)
-"""Counts the waits of policies that look in early only now and then (``learn_every``)."""
+_learning_draws = random.Random()
+"""Draws which waits of the policies that look early only now and then (``learn_every``) do."""
 
 
 async def _await_mark(backend: Backend, mark: StreamMark, policy: WaitPolicy | None) -> None:
@@ -519,17 +523,21 @@ async def _sleep_until_due(
 ) -> bool:
     """Sleep until the due time, less the clock's margin and ``spread_factor`` spreads.
 
-    ``frugal``'s factor is negative: it wakes a spread past the due time, but
-    for one wait in ``learn_every``, which wakes a spread before it. Looks in
+    ``frugal``'s factor is negative: it wakes a spread (at least the clock's
+    margin) past the due time, but for about one wait in ``learn_every``, which
+    wakes a spread before it. Looks in
     on the way if the forecast is unsure, in case the work ends early;
     ``balanced`` arrives through one short sleep, which lands on time more
     reliably than a long one. Returns whether a look-in saw the work complete.
     """
     clock = loop.clock
     factor = schedule.spread_factor
-    if schedule.learn_every and next(_waits_to_learn_from) % schedule.learn_every == 0:
+    if schedule.learn_every and _learning_draws.random() * schedule.learn_every < 1.0:
         factor = 1.0
-    wake_at = expected.due - clock.margin - factor * expected.spread
+    if factor >= 0:
+        wake_at = expected.due - clock.margin - factor * expected.spread
+    else:  # past the due time, by at least the clock's margin: work that ends on time has
+        wake_at = expected.due + max(-factor * expected.spread, clock.margin)
     now = time.perf_counter()
     if now >= wake_at:
         if now < expected.due:  # the margin, not the forecast, missed

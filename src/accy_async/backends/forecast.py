@@ -23,7 +23,9 @@ Models learn from completions seen *narrowly* (a poll found the mark
 pending, the next one done): a burst that started on an idle device and
 ended at the mark took the measured time. A completion seen late (by a
 callback, or by a poll long after the last) only brackets that time, and
-moves a model only when its prediction lies outside the bracket. A model
+moves a model only when its prediction lies outside the bracket; inside it,
+the model grows surer of itself only if the bracket is no wider than its
+spread. A model
 predicts ``a + b * x`` for whichever of its features ``x`` (threads
 launched, each scalar, bytes) has fitted its history best, each sample
 weighted by the inverse square of its length so relative errors count
@@ -267,12 +269,14 @@ class Ledger:
             forecast.learn(burst, (lower + upper) / 2)
             return
         # Seen too coarsely to measure: move a model only if it predicts outside the bracket;
-        # inside it, the prediction stands (and counts as a right one).
+        # inside it, the prediction stands, and counts as a right one only if the bracket is
+        # no wider than the model claims to be sure (a wait that looks once, long after the
+        # due time, must not make a model that runs long surer of itself).
         finished = forecast.finish(burst, 0.0)
         target = (lower + upper) / 2 if lower > 0 else upper
         if finished is None or not lower <= finished[0] - burst[0][2] - LAUNCH_LATENCY <= upper:
             forecast.learn(burst, target)
-        else:
+        elif upper - max(lower, 0.0) <= max(2 * finished[1], _MEASURED_WITHIN):
             forecast.confirm(burst)
 
     def _fold_sightings(self) -> None:
