@@ -107,8 +107,11 @@ async def test_a_candidate_past_its_timeout_fails_and_the_rest_go_on(
     result = result_box[0]
     hung = [c for c in result.candidates if "timed out" in c.error]
     assert hung and all(c.status == "failed" for c in hung)
-    # Once the gate opens, HANG candidates run normally: block 128 wins, with or without it.
-    assert result.winner in (0, 2) and result.candidates[result.winner].status == "ok"
+    # Once the gate opens, HANG candidates run normally: the winner is one that ran (which
+    # one is a matter of timing, and a loaded machine can make block 256 measure faster).
+    assert result.winner is not None
+    winner = result.candidates[result.winner]
+    assert winner.status == "ok" and winner not in hung
     assert_nothing_alive(cpu_backend)
 
 
