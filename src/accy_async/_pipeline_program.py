@@ -39,8 +39,8 @@ from .plan import (
     validate_plan,
 )
 from .plan._base import Tagged
-from .plan.geometry import Quantity
-from .plan.scalars import F64, SCALAR_CLASSES, integer_value
+from .plan.geometry import MAX_GRID_X, MAX_GRID_YZ, Quantity
+from .plan.scalars import F32_MAX, F64, SCALAR_CLASSES, integer_value
 
 __all__ = [
     "Program",
@@ -53,8 +53,6 @@ __all__ = [
 ]
 
 _MAX_BYTES: Final = 2**63 - 1
-_MAX_GRID_X: Final = 2**31 - 1
-_MAX_GRID_YZ: Final = 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +192,6 @@ _FIXED, _FORWARD, _CEIL_DIV = 0, 1, 2
 
 _SCALAR_CLASSES: Final = frozenset(SCALAR_CLASSES.values())
 _INTEGER_CLASSES: Final = frozenset(cls for name, cls in SCALAR_CLASSES.items() if name[0] in "ui")
-_F32_MAX: Final = 3.4028234663852886e38
 
 
 def _layout(quantity: Quantity | Constant) -> tuple[int, Any, int]:
@@ -287,7 +284,7 @@ class _Resolver:
             elif cls is float and index < len(types):  # a plain float, for a float scalar
                 cls = types[index]
                 if cls in _INTEGER_CLASSES or not (
-                    math.isfinite(given_value) and (cls is F64 or abs(given_value) <= _F32_MAX)
+                    math.isfinite(given_value) and (cls is F64 or abs(given_value) <= F32_MAX)
                 ):
                     return None
                 argument = cls(given_value)
@@ -356,7 +353,7 @@ class _Resolver:
                     return None
                 dims.append(value if kind == _FORWARD else -(-value // divisor))
             x, y, z = dims
-            if not (0 < x <= _MAX_GRID_X and 0 < y <= _MAX_GRID_YZ and 0 < z <= _MAX_GRID_YZ):
+            if not (0 < x <= MAX_GRID_X and 0 < y <= MAX_GRID_YZ and 0 < z <= MAX_GRID_YZ):
                 return None
             configs.append(
                 LaunchConfig.unchecked((x, y, z), config.block, config.shared_memory_bytes)

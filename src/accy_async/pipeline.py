@@ -404,6 +404,11 @@ def _check_open(pool: PipelineArtifactPool, intermediates: object) -> None:
     """Raise :class:`LaunchArgumentMismatch` if the pool or the scratch was closed."""
     if pool.closed:
         raise LaunchArgumentMismatch("the artifact pool is closed", path="$.artifacts")
+    _refuse_closed_scratch(intermediates)
+
+
+def _refuse_closed_scratch(intermediates: object) -> None:
+    """Raise :class:`LaunchArgumentMismatch` if ``intermediates`` is a closed scratch set."""
     if isinstance(intermediates, PipelineIntermediates) and intermediates.closed:
         raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
 
@@ -489,8 +494,7 @@ def _check_intermediates(
     request: PipelineLaunch,
 ) -> None:
     """Count, liveness, size, and that no scratch buffer aliases another or an operand."""
-    if isinstance(provided, PipelineIntermediates) and provided.closed:
-        raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
+    _refuse_closed_scratch(provided)
     if not provided and not sizes:
         return  # no scratch needed, none given
     if len(provided) != len(sizes):

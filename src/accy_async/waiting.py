@@ -416,9 +416,8 @@ _SCHEDULES: Final[dict[str, _Schedule]] = {
         least_interval=40e-6,
         most_interval=1e-3,
     ),
-    # One wake-up past the due time when the forecast holds. On the H200 (session 15) the old
-    # frugal's two wake-ups a wait cost 0.14-0.20 cores on 2 ms kernels, this one 0.09-0.17,
-    # and an oracle that slept once to each kernel's known end 0.08-0.12.
+    # One wake-up past the due time when the forecast holds (about two a wait before: waking
+    # a spread early, then polling); benchmarks/results/README.md has what it costs.
     "frugal": _Schedule(
         spin_throughout=False,
         spread_factor=-1.0,
@@ -525,10 +524,10 @@ async def _sleep_until_due(
 
     ``frugal``'s factor is negative: it wakes a spread (at least the clock's
     margin) past the due time, but for about one wait in ``learn_every``, which
-    wakes a spread before it. Looks in
-    on the way if the forecast is unsure, in case the work ends early;
-    ``balanced`` arrives through one short sleep, which lands on time more
-    reliably than a long one. Returns whether a look-in saw the work complete.
+    wakes a spread before it. Looks in on the way if the forecast is unsure, in
+    case the work ends early; ``balanced`` arrives through one short sleep,
+    which lands on time more reliably than a long one. Returns whether a
+    look-in saw the work complete.
     """
     clock = loop.clock
     factor = schedule.spread_factor

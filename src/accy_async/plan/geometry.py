@@ -18,6 +18,8 @@ from ._base import ArgumentIndex, Base, Tagged, plan_error
 from .scalars import ScalarArgument, integer_value
 
 __all__ = [
+    "MAX_GRID_X",
+    "MAX_GRID_YZ",
     "CeilDiv",
     "DerivedLaunch",
     "Dim3",
@@ -31,13 +33,15 @@ __all__ = [
     "resolve_quantity",
 ]
 
-_MAX_GRID_X: Final = 2**31 - 1
-_MAX_GRID_YZ: Final = 65535
+MAX_GRID_X: Final = 2**31 - 1
+"""The most blocks a grid has along x (CUDA's bound)."""
+MAX_GRID_YZ: Final = 65535
+"""The most blocks a grid has along y or z."""
 _MAX_BLOCK_THREADS: Final = 1024
 _MAX_SHARED_MEMORY_BYTES: Final = 227 * 1024
 
-GridX = Annotated[int, msgspec.Meta(ge=1, le=_MAX_GRID_X)]
-GridYZ = Annotated[int, msgspec.Meta(ge=1, le=_MAX_GRID_YZ)]
+GridX = Annotated[int, msgspec.Meta(ge=1, le=MAX_GRID_X)]
+GridYZ = Annotated[int, msgspec.Meta(ge=1, le=MAX_GRID_YZ)]
 BlockXY = Annotated[int, msgspec.Meta(ge=1, le=_MAX_BLOCK_THREADS)]
 BlockZ = Annotated[int, msgspec.Meta(ge=1, le=64)]
 SharedMemoryBytes = Annotated[int, msgspec.Meta(ge=0, le=_MAX_SHARED_MEMORY_BYTES)]
@@ -132,7 +136,7 @@ class DerivedLaunch(Tagged, tag="derived", frozen=True):
         or beyond CUDA's limits.
         """
         x, y, z = (resolve_quantity(dim, scalars) for dim in self.grid)
-        if not (1 <= x <= _MAX_GRID_X and 1 <= y <= _MAX_GRID_YZ and 1 <= z <= _MAX_GRID_YZ):
+        if not (1 <= x <= MAX_GRID_X and 1 <= y <= MAX_GRID_YZ and 1 <= z <= MAX_GRID_YZ):
             raise LaunchArgumentMismatch(
                 f"derived grid ({x}, {y}, {z}) is empty or beyond the device's limits"
             )

@@ -12,6 +12,7 @@ from ._base import Tagged, convert_plan, plan_error
 
 __all__ = [
     "F32",
+    "F32_MAX",
     "F64",
     "I32",
     "I64",
@@ -95,7 +96,8 @@ _FROM_NUMPY: Final = {
 
 ScalarType: TypeAlias = Literal["u32", "i32", "u64", "i64", "f32", "f64"]
 
-_F32_MAX: Final = 3.4028234663852886e38
+F32_MAX: Final = 3.4028234663852886e38
+"""The largest finite f32: an ``F32`` holds no value of greater magnitude."""
 
 
 def _check_integer(value: object, type_name: str, low: int, high: int) -> None:
@@ -180,7 +182,7 @@ class F32(Tagged, tag="f32", kw_only=False, frozen=True):
 
     def __post_init__(self) -> None:
         _check_float(self.value, "f32")
-        if not math.isfinite(self.value) or abs(self.value) > _F32_MAX:
+        if not math.isfinite(self.value) or abs(self.value) > F32_MAX:
             raise plan_error(f"f32 value {self.value!r} is not a finite float32", "value")
 
 
