@@ -18,6 +18,7 @@ import pytest
 import accy_async as accy
 from accy_async import library
 from accy_async import plan as p
+from accy_async.backends import GraphNode
 from accy_async.backends.cuda import CudaBackend
 from accy_async.pipeline import PipelineLaunch, launch_pipeline
 
@@ -77,6 +78,41 @@ async def test_ptx_and_cubin_payloads_load_and_run(cuda: accy.Backend) -> None:
         got = await accy.download(cuda, out, np.float32, n)
         np.testing.assert_array_equal(got, 2.0 + np.arange(n, dtype=np.float32))
         cuda.destroy_all([loaded, out])
+
+
+async def test_graph_nodes_of_a_cubin_are_patched_by_the_driver_and_compute_the_same(
+    cuda: accy.Backend,
+) -> None:
+    # A cubin carries no PTX, so no argument-table variant: its nodes stay patched.
+    from accy_async.backends.cuda.nvrtc import compile_source
+
+    assert isinstance(cuda, CudaBackend)
+    cubin = compile_source(KERNELS["add_one_f32"][2], "add_one_f32", (), cuda.compute_capability)
+    loaded = await cuda.load_artifact(
+        await cuda.create_artifact(
+            spec(cuda, "add_one_f32", format=p.ArtifactFormat.CUDA_CUBIN,
+                 payload=p.BinaryPayload(cubin.image))
+        )
+    )  # fmt: skip
+    source = await cuda.load_artifact(await cuda.create_artifact(spec(cuda, "add_one_f32")))
+    await cuda.prepare_graph_kernels([loaded, source])
+    assert "without PTX" in loaded.native.table
+    n = 1000
+    config = accy.LaunchConfig(*grid_for(n))
+    graph = cuda.instantiate_graph(
+        [GraphNode(loaded, config), GraphNode(source, config, after=(0,))]
+    )
+    assert [node.table_offset >= 0 for node in graph.native.nodes] == [False, True]
+    values = np.arange(n, dtype=np.float32)
+    x = accy.upload(cuda, values)
+    middle, out = cuda.allocate_buffer(4 * n), cuda.allocate_buffer(4 * n)
+    for _ in range(3):
+        cuda.launch_graph_exec(
+            graph,
+            [([middle.bind(), x.bind()], [p.U32(n)]), ([out.bind(), middle.bind()], [p.U32(n)])],
+        )
+    np.testing.assert_array_equal(await accy.download(cuda, out, np.float32, n), values + 2)
+    cuda.destroy_all([graph, x, middle, out, loaded, source])
 
 
 async def test_a_missing_kernel_name_is_an_invalid_artifact(cuda: accy.Backend) -> None:

@@ -8,6 +8,7 @@ injected into instantiation and launch leave nothing behind.
 
 from __future__ import annotations
 
+import anyio
 import numpy as np
 import pytest
 
@@ -95,6 +96,71 @@ async def test_launches_of_one_graph_from_two_streams_run_one_after_the_other(
     await accy.wait_stream(backend, first)
     np.testing.assert_array_equal(await _read(backend, data), np.full(N, 12.0, np.float32))
     backend.destroy_all([graph, data, first, second, slow, add_one])
+
+
+async def test_graphs_of_kernels_prepared_for_graphs_compute_what_eager_launches_do(
+    backend: Backend,
+) -> None:
+    # Prepared, CUDA nodes read their arguments from the graph's device table: each launch
+    # with new arguments rewrites it, so every other launch here changes every node's.
+    nodes, kernels = await _diamond(backend)
+    await backend.prepare_graph_kernels(kernels)
+    graph = backend.instantiate_graph(nodes)
+    if backend.kind == "cuda":
+        assert all(node.table_offset >= 0 for node in graph.native.nodes)
+    sets = [[backend.allocate_buffer(4 * N) for _ in range(4)] for _ in range(3)]
+    stream = backend.create_stream()
+    for turn in range(9):
+        backend.launch_graph_exec(graph, _arguments(sets[turn % 3], float(turn)), stream=stream)
+    await accy.wait_stream(backend, stream)
+    if backend.kind != "recording":
+        iota = np.arange(N, dtype=np.float32)
+        for index, base in enumerate((6.0, 7.0, 8.0)):  # each set's last launch
+            np.testing.assert_array_equal(
+                await _read(backend, sets[index][3]), 2 * (iota + base) + 1
+            )
+    backend.destroy_all([graph, stream, *(b for each in sets for b in each), *kernels])
+    assert not backend.live_handles()
+
+
+async def test_a_prepared_graph_launched_from_another_stream_keeps_each_launchs_arguments(
+    executing_backend: Backend,
+) -> None:
+    # The first launch waits behind a 20 ms kernel; the second, from another stream, must
+    # not rewrite the table the first has not read yet (each writes its own output).
+    backend = executing_backend
+    slow = await load(backend, "slow_fill_f32")
+    add_one = await load(backend, "add_one_f32")
+    await backend.prepare_graph_kernels([add_one])
+    config = accy.LaunchConfig(*grid_for(N))
+    graph = backend.instantiate_graph([GraphNode(add_one, config)])
+    data, a, b = (backend.allocate_buffer(4 * N) for _ in range(3))
+    first, second = backend.create_stream(), backend.create_stream()
+    n = accy.U32(N)
+    backend.launch(slow, [data.bind()], [n, accy.F32(10.0), accy.U64(20_000_000)], config,
+                   stream=first)  # fmt: skip
+    backend.launch_graph_exec(graph, [([a.bind(), data.bind()], [n])], stream=first)
+    backend.launch_graph_exec(graph, [([b.bind(), data.bind()], [n])], stream=second)
+    await accy.wait_stream(backend, second)
+    await accy.wait_stream(backend, first)
+    for out in (a, b):
+        np.testing.assert_array_equal(await _read(backend, out), np.full(N, 11.0, np.float32))
+    backend.destroy_all([graph, data, a, b, first, second, slow, add_one])
+
+
+async def test_preparing_kernels_for_graphs_is_a_checkpoint_and_refuses_dead_artifacts(
+    backend: Backend,
+) -> None:
+    kernel = await load(backend, "add_one_f32")
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await backend.prepare_graph_kernels([kernel])
+    assert scope.cancelled_caught
+    await backend.prepare_graph_kernels([kernel])
+    await backend.prepare_graph_kernels([kernel])  # once made, nothing more to do
+    backend.destroy(kernel)
+    with pytest.raises(accy.InvalidArtifact, match=r"loaded\[0\]"):
+        await backend.prepare_graph_kernels([kernel])
 
 
 async def test_bad_graphs_and_arguments_are_refused_before_the_device_is_asked(

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Final
 
-from .backends import Backend, GraphExec, GraphNode, StreamHandle
+from .backends import Backend, GraphExec, GraphNode, LoadedArtifact, StreamHandle
 from .errors import RuntimeUnavailable, UnsupportedOperation
 
 __all__ = ["GRAPH_CAPACITY", "GraphCache"]
@@ -30,7 +30,7 @@ _logger: Final = logging.getLogger("accy_async")
 class GraphCache:
     """Instantiated graphs by key; see the module docstring."""
 
-    __slots__ = ("_retired", "backend", "capacity", "graphs", "unavailable")
+    __slots__ = ("_retired", "backend", "capacity", "graphs", "prepared", "unavailable")
 
     def __init__(self, backend: Backend, capacity: int = GRAPH_CAPACITY) -> None:
         self.backend = backend
@@ -38,7 +38,20 @@ class GraphCache:
         self.graphs: OrderedDict[Hashable, GraphExec] = OrderedDict()
         self.unavailable: str | None = None
         """Why graphs are not used here (the backend could not instantiate one), if so."""
+        self.prepared = False
+        """Whether the owner's kernels were readied for graphs (:meth:`prepare`)."""
         self._retired: list[GraphExec] = []
+
+    async def prepare(self, loaded: Sequence[LoadedArtifact]) -> None:
+        """Ready the owner's ``loaded`` kernels for graphs, the first time only.
+
+        See :meth:`~accy_async.backends.Backend.prepare_graph_kernels`; call it
+        (a checkpoint) before the first graph is made, so its nodes read their
+        arguments from a table rather than being patched one by one.
+        """
+        if not self.prepared:
+            await self.backend.prepare_graph_kernels(loaded)
+            self.prepared = True
 
     def get(
         self,

@@ -71,20 +71,15 @@ class Run:
         where it cannot be one and ``wanted`` is not ``True``.
         """
         schedule = self.schedule
-        loops = {loop.first_node_index: loop for loop in schedule.graph.loops if loop.carries}
-        loop_of: dict[int, GraphLoop] = {}
-        for loop in loops.values():
-            for member in range(loop.first_node_index, loop.first_node_index + loop.node_count):
-                loop_of[member] = loop
-        variants = {first: self._loop_variants(loop, pack=False) for first, loop in loops.items()}
-        launches: list[PreparedLaunch] = []
-        for index, iteration in schedule.unrolled:
-            carrying = loop_of.get(index)
-            if carrying is not None and iteration >= 0:
-                prepared = variants[carrying.first_node_index][iteration % 2]
-                launches.append(prepared[index - carrying.first_node_index])
-            else:
-                launches.append(self.prepared[schedule.node_variant[index]])
+        unrolled_variant = schedule.unrolled_variant
+        if unrolled_variant is not None:  # every launch is one of the variants
+            distinct = self.prepared
+            launches = [distinct[variant] for variant in unrolled_variant]
+            pairs = [(prepared.buffers, prepared.scalars) for prepared in distinct]
+            arguments = tuple([pairs[variant] for variant in unrolled_variant])
+        else:
+            launches = self._unrolled_launches()
+            arguments = tuple([(prepared.buffers, prepared.scalars) for prepared in launches])
         if any(prepared.fills for prepared in launches):
             if wanted is True:
                 raise UnsupportedOperation(
@@ -110,9 +105,7 @@ class Run:
         backend = self.backend
         stream = self.node_streams[0]
         kernels.track_stream(stream)
-        backend.launch_graph_exec_trusted(
-            graph, tuple([(prepared.buffers, prepared.scalars) for prepared in launches]), stream
-        )
+        backend.launch_graph_exec_trusted(graph, arguments, stream)
         self.launches += len(launches)
         others = [each for each in self.used_streams if each is not stream]
         if others:  # the run's other streams end with the graph, as they would node by node
@@ -122,6 +115,25 @@ class Run:
             for other in others:
                 backend.wait_event(other, end)
         return True
+
+    def _unrolled_launches(self) -> list[PreparedLaunch]:
+        """Every launch in enqueue order, carried slots alternating by iteration."""
+        schedule = self.schedule
+        loops = {loop.first_node_index: loop for loop in schedule.graph.loops if loop.carries}
+        loop_of: dict[int, GraphLoop] = {}
+        for loop in loops.values():
+            for member in range(loop.first_node_index, loop.first_node_index + loop.node_count):
+                loop_of[member] = loop
+        variants = {first: self._loop_variants(loop, pack=False) for first, loop in loops.items()}
+        launches: list[PreparedLaunch] = []
+        for index, iteration in schedule.unrolled:
+            carrying = loop_of.get(index)
+            if carrying is not None and iteration >= 0:
+                prepared = variants[carrying.first_node_index][iteration % 2]
+                launches.append(prepared[index - carrying.first_node_index])
+            else:
+                launches.append(self.prepared[schedule.node_variant[index]])
+        return launches
 
     def pack(self) -> None:
         """Pack each distinct launch for trusted enqueues (the graph path leaves them unpacked)."""

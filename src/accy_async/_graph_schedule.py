@@ -49,6 +49,9 @@ class Schedule:
     one, and its producers on other streams (as graph edges)."""
     graph_refusal: str | None
     """Why the graph cannot run as one device graph (``None``: it can)."""
+    unrolled_variant: tuple[int, ...] | None
+    """Per launch of ``unrolled``, its variant; ``None`` where a loop carries slots (its
+    launches alternate between two bindings, not one variant)."""
 
 
 _schedules: IdentityCache[Schedule] = IdentityCache(64)
@@ -102,6 +105,11 @@ def schedule_of(graph: LaunchGraphPlan, plan: ArtifactPlan) -> Schedule:
         unrolled=unrolled,
         unrolled_after=unrolled_after,
         graph_refusal=refusal,
+        unrolled_variant=(
+            None
+            if any(loop.carries for loop in graph.loops)
+            else tuple(node_variant[index] for index, _ in unrolled)
+        ),
     )
     return _schedules.put((graph, plan), schedule)
 

@@ -126,6 +126,8 @@ async def launch_graph(
         raise UnsupportedOperation(
             f"this launch graph cannot run as one device graph: {schedule.graph_refusal}"
         )
+    if as_graph and not kernels.device_graphs.prepared:
+        await kernels.device_graphs.prepare(kernels.loaded)
     slots = slot_bindings if isinstance(slot_bindings, Mapping) else slot_map(slot_bindings)
     counts = {entry.kernel_id: entry.binding for entry in element_count_buffers}
     prepared = [

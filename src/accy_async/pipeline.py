@@ -230,6 +230,12 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     resolved = resolve_program(program, request.runtime_scalar_arguments)
     if pool is not None:
         pool.accept(backend, program, fmt)
+        wanted = request.device_graph
+        if not pool.graphs.prepared and (
+            wanted is True or (wanted is None and seen_before and len(pool.entries) > 1)
+        ):
+            await pool.graphs.prepare([entry.loaded for entry in pool.entries])
+            pool.accept(backend, program, fmt)  # still open after the await
     stream = request.stream
     if stream is not None:
         if type(stream) is not StreamHandle:

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import anyio.lowlevel
+
 from ..errors import InvalidArtifact, InvalidBuffer, LaunchArgumentMismatch
 from ._core import BackendCore
 from ._graph_exec import GraphExec, GraphNode, NodeArguments, check_graph_nodes
-from ._handles import EventHandle, StreamHandle, StreamLike
+from ._handles import EventHandle, LoadedArtifact, StreamHandle, StreamLike
 
 __all__ = ["GraphOperations"]
 
@@ -61,6 +63,34 @@ class GraphOperations(BackendCore):
         )
         self._registry.add(graph)
         return graph
+
+    async def prepare_graph_kernels(self, loaded: Sequence[LoadedArtifact]) -> None:
+        """Ready ``loaded`` kernels for graphs, off the event loop; always a checkpoint.
+
+        On CUDA each kernel gets (once) an argument-table variant: graph nodes of
+        it read their arguments from a device table, which a launch with new
+        arguments fills with one stream-ordered copy, where a node without one
+        is patched by a driver call each (about a kernel launch's cost). Graphs
+        instantiated afterwards use the variants; a kernel that cannot have one
+        (a cubin without PTX, a parameter used other than by loading it) keeps
+        patched nodes. Optional: :meth:`instantiate_graph` works without it.
+        ``launch_pipeline`` and ``launch_graph`` call it before their first
+        device graph. Other backends have nothing to prepare. Raises
+        :class:`InvalidArtifact` for an artifact that is not live here.
+        """
+        self._check_usable()
+        loaded = tuple(loaded)
+        for index, each in enumerate(loaded):
+            if not self.owns(each):
+                raise InvalidArtifact(
+                    f"{each!r} is not a live artifact of this backend", path=f"$.loaded[{index}]"
+                )
+        await anyio.lowlevel.checkpoint()
+        await self._prepare_graph_kernels(loaded)
+
+    async def _prepare_graph_kernels(self, loaded: tuple[LoadedArtifact, ...]) -> None:
+        """Make what graphs of ``loaded`` can use (default: nothing)."""
+        del loaded
 
     def launch_graph_exec(
         self,

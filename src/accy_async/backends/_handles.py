@@ -194,15 +194,18 @@ class KernelArtifact:
     """A created (compiled) kernel: its spec and the backend's image of it.
 
     Host memory only; the garbage collector frees it. ``image`` is a cubin or
-    PTX for CUDA, the kernel function for the CPU backend.
+    PTX for CUDA, the kernel function for the CPU backend. ``ptx`` is the PTX
+    a CUDA image was made from, where known (empty otherwise): device graphs
+    make the kernel's argument-table variant from it.
     """
 
-    __slots__ = ("image", "image_format", "spec")
+    __slots__ = ("image", "image_format", "ptx", "spec")
 
-    def __init__(self, spec: ArtifactSpec, image: Any, image_format: str) -> None:
+    def __init__(self, spec: ArtifactSpec, image: Any, image_format: str, ptx: bytes = b"") -> None:
         self.spec = spec
         self.image = image
         self.image_format = image_format
+        self.ptx = ptx
 
     @property
     def scalar_argument_count(self) -> int:

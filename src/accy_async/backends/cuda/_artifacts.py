@@ -8,9 +8,11 @@ the caller is cancelled without leaking what the worker was still making.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import anyio.to_thread
 
@@ -18,13 +20,16 @@ from ...errors import InvalidArtifact
 from ...plan import ArtifactFormat, ArtifactSpec, BinaryPayload, TextPayload
 from .._handles import KernelArtifact
 from ..forecast import Forecast
-from ._launch import Kernel
+from ._launch import Kernel, TableKernel
 from ._memory import Janitor
+from ._table_ptx import NoTableVariant, table_variant
 from .compile_pool import CompilePool
 from .driver import driver, translate
 from .nvrtc import compile_source
 
-__all__ = ["create_artifact", "load_kernel"]
+__all__ = ["create_artifact", "load_kernel", "load_table_variants", "unload_kernel"]
+
+_logger: Final = logging.getLogger("accy_async")
 
 
 async def create_artifact(
@@ -50,10 +55,11 @@ async def create_artifact(
             compiled = await anyio.to_thread.run_sync(
                 compile_source, *arguments, abandon_on_cancel=True
             )
-        return KernelArtifact(spec, compiled.image, compiled.kind)
+        return KernelArtifact(spec, compiled.image, compiled.kind, compiled.ptx)
     if spec.format is ArtifactFormat.CUDA_PTX:
         assert isinstance(payload, TextPayload)
-        return KernelArtifact(spec, payload.text.encode() + b"\0", "ptx")
+        text = payload.text.encode() + b"\0"
+        return KernelArtifact(spec, text, "ptx", text)
     assert isinstance(payload, BinaryPayload)
     return KernelArtifact(spec, payload.data, "cubin")
 
@@ -108,7 +114,82 @@ async def load_kernel(
         function,
         artifact.spec.argument_count,
         forecast.model(key, name),
+        artifact.ptx,
+        name,
     )
+
+
+async def load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
+    """Make each kernel's argument-table variant (see :mod:`._table_ptx`), on a worker thread.
+
+    Tried once per kernel: the variant's module is JIT-compiled by the driver
+    from the kernel's PTX; a kernel without PTX, whose PTX cannot be rewritten,
+    or whose rewrite the driver refuses keeps the reason instead (its graph
+    nodes are patched by the driver). A cancelled caller leaves at once; the
+    worker finishes and hands the module to the kernel, or unloads it when the
+    kernel was unloaded meanwhile.
+    """
+    todo = [kernel for kernel in kernels if kernel.table is None]
+    if todo:
+        await anyio.to_thread.run_sync(
+            partial(_load_table_variants, context, todo), abandon_on_cancel=True
+        )
+
+
+def _load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
+    d = driver()
+    d.cuCtxSetCurrent(context)
+    for kernel in kernels:
+        if kernel.table is not None:
+            continue
+        made = _table_kernel(kernel)
+        if isinstance(made, str):
+            _logger.debug(
+                "accy-async: %s's graph nodes are patched by the driver: %s", kernel.name, made
+            )
+        with kernel.lock:
+            if kernel.unloaded:
+                if isinstance(made, TableKernel):
+                    d.cuModuleUnload(made.module)
+            elif kernel.table is None:
+                kernel.table = made
+
+
+def _table_kernel(kernel: Kernel) -> TableKernel | str:
+    """``kernel``'s table variant loaded (in the current context), or why there is none."""
+    if not kernel.ptx:
+        return "the kernel was loaded without PTX (a cubin, say)"
+    try:
+        variant = table_variant(
+            kernel.ptx.rstrip(b"\0").decode(), kernel.name, kernel.argument_count
+        )
+    except NoTableVariant as refusal:
+        return str(refusal)
+    d = driver()
+    result, module = d.cuModuleLoadData(variant.ptx.encode() + b"\0")
+    if int(result):
+        return f"the driver refused its PTX ({translate(result, kernel.name)})"
+    result, function = d.cuModuleGetFunction(module, variant.name.encode())
+    if int(result):
+        d.cuModuleUnload(module)
+        return f"the rewritten module has no {variant.name}"
+    return TableKernel(module, function)
+
+
+def unload_kernel(kernel: Kernel) -> Any:
+    """Unload ``kernel``'s module and its table variant's (on the janitor's thread).
+
+    The driver's result: the first that failed, else the last.
+    """
+    d = driver()
+    with kernel.lock:
+        kernel.unloaded = True
+        table = kernel.table
+    results = []
+    if isinstance(table, TableKernel):
+        results.append(d.cuModuleUnload(table.module))
+    results.append(d.cuModuleUnload(kernel.module))
+    return next((result for result in results if int(result[0])), results[-1])
 
 
 def _unload(module: Any) -> Any:

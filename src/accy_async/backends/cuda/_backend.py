@@ -58,7 +58,7 @@ from .._marks import PendingRead, StreamMark
 from .._trace import TraceRecord
 from ..base import Backend
 from ..forecast import Anticipation, byte_features
-from ._artifacts import create_artifact, load_kernel
+from ._artifacts import create_artifact, load_kernel, load_table_variants, unload_kernel
 from ._device import DeviceState, DriverResults
 from ._graphs import destroy_graph, instantiate_graph, launch_graph
 from ._launch import CudaStageLauncher, Kernel
@@ -576,6 +576,9 @@ class CudaBackend(Backend):
 
     # ----- graphs --------------------------------------------------------------------------
 
+    async def _prepare_graph_kernels(self, loaded: tuple[LoadedArtifact, ...]) -> None:
+        await load_table_variants(self._context, [each.native for each in loaded])
+
     def _instantiate_graph(self, object_id: int, nodes: tuple[GraphNode, ...]) -> Any:
         return instantiate_graph(self._device_state, nodes)
 
@@ -653,10 +656,8 @@ class CudaBackend(Backend):
             pointer = obj.native.base
             self._device_state.janitor.submit(f"freeing {obj!r}", lambda: d.cuMemFree(pointer))
         elif isinstance(obj, LoadedArtifact):
-            module = obj.native.module
-            self._device_state.janitor.submit(
-                f"unloading {obj!r}", lambda: d.cuModuleUnload(module)
-            )
+            kernel = obj.native
+            self._device_state.janitor.submit(f"unloading {obj!r}", lambda: unload_kernel(kernel))
         elif isinstance(obj, EventHandle):
             # Safe while the event is pending: the driver releases it once it completes.
             self._device_state.records.pop(obj.id, None)

@@ -3,12 +3,25 @@
 A graph is built with explicit kernel nodes (``cuGraphAddKernelNode``, its
 dependencies as edges) and instantiated (``cuGraphInstantiate``); the graph
 is kept beside the executable (its node handles name the nodes to patch) until
-both are destroyed together. Each launch packs every
-node's arguments into the node's own argument array and patches only the
-nodes whose packed arguments changed since the last launch
-(``cuGraphExecKernelNodeSetParams``, which copies them and affects later
-launches only), then launches the whole graph as one submission
-(``cuGraphLaunch``). Nothing is allocated inside a graph.
+both are destroyed together.
+
+A node whose kernel has an argument-table variant (made by
+:meth:`~accy_async.backends.Backend.prepare_graph_kernels`, see
+:mod:`._table_ptx`) runs the variant, whose one fixed argument is where its
+arguments lie in the graph's device table. A launch with new arguments packs
+every such node's arguments into a host copy of the table and copies it to
+the device on the launch's stream, before the graph (one
+``cuMemcpyHtoDAsync`` from pageable memory: the driver takes the bytes at the
+call, so the host copy is reused at once). Launches of one graph run in
+order, but the copy is not part of the graph: a launch on another stream
+than the last first waits (on the device) for the previous stream's work, so
+the table is not rewritten under a launch still reading it.
+
+Other nodes are patched through the driver, each whose packed arguments
+changed since the last launch (``cuGraphExecKernelNodeSetParams``, about a
+launch's host cost). The whole graph goes as one submission
+(``cuGraphLaunch``). Nothing is allocated inside a graph; the table is
+allocated with it and freed with it.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._graph_exec import GraphExec, GraphNode, NodeArguments
 from .._handles import EventHandle, StreamHandle
+from ._launch import TableKernel, argument_format
 from .driver import driver, libcuda
 
 if TYPE_CHECKING:
@@ -55,11 +69,14 @@ class _NodeParams(ctypes.Structure):
 
 _set_params: Any = None
 _graph_launch: Any = None
+_copy_table: Any = None
+
+_TABLE_ALIGNMENT = 16
 
 
 def _bind_driver_calls() -> None:
-    """``cuGraphExecKernelNodeSetParams_v2`` and ``cuGraphLaunch``, typed for ctypes."""
-    global _set_params, _graph_launch
+    """``cuGraphExecKernelNodeSetParams_v2``, ``cuGraphLaunch``, ``cuMemcpyHtoDAsync_v2``."""
+    global _set_params, _graph_launch, _copy_table
     if _set_params is None:
         library = libcuda()
         set_params = library.cuGraphExecKernelNodeSetParams_v2
@@ -68,7 +85,10 @@ def _bind_driver_calls() -> None:
         launch = library.cuGraphLaunch
         launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         launch.restype = ctypes.c_int
-        _set_params, _graph_launch = set_params, launch
+        copy = library.cuMemcpyHtoDAsync_v2
+        copy.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        copy.restype = ctypes.c_int
+        _set_params, _graph_launch, _copy_table = set_params, launch, copy
 
 
 def _graph_features(total_threads: Any) -> tuple[float, ...]:
@@ -90,11 +110,17 @@ class _NodeState:
         "pointers",
         "scalars",
         "slots",
+        "table_bytes",
+        "table_offset",
         "values",
     )
 
     def __init__(self, kernel: Kernel, handle: Any, slots: Any, pointers: Any) -> None:
         self.kernel = kernel
+        self.table_offset = -1
+        """Where the node's arguments lie in the graph's table; -1: patched by the driver."""
+        self.table_bytes = 0
+        """The bytes the node has there (its arguments' slots, padded to keep the next aligned)."""
         self.handle = handle
         self.address = int(handle)
         self.last = b""
@@ -118,12 +144,33 @@ class CudaGraph:
         "graph",
         "last_arguments",
         "nodes",
+        "order",
+        "staging",
+        "staging_address",
         "stream",
         "stream_address",
+        "table",
+        "table_only",
+        "table_packer",
+        "table_size",
+        "table_types",
         "threads",
     )
 
     def __init__(self) -> None:
+        self.table = 0
+        """The device table of the table nodes' arguments (0: no table nodes)."""
+        self.table_size = 0
+        self.table_only = False
+        """Whether every node reads the table (packed in one go, see :func:`_pack_table`)."""
+        self.table_packer: struct.Struct | None = None
+        self.table_types: list[str] | None = None
+        """The scalar types ``table_packer`` was made for, node after node."""
+        self.staging: Any = None
+        """The table's host copy, packed by each launch with new arguments."""
+        self.staging_address = 0
+        self.order: Any = None
+        """An event that orders a launch on another stream after the last one's table reads."""
         self.graph: Any = None
         """The graph the executable was made from (kept: its nodes are how updates name them)."""
         self.exec: Any = None
@@ -152,11 +199,18 @@ def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGr
     return built
 
 
-def destroy_graph(built: CudaGraph) -> None:
-    """Destroy the executable, then its graph (on the janitor's thread: it may synchronize)."""
+def destroy_graph(built: CudaGraph) -> Any:
+    """Destroy the executable, its graph, table and event (on the janitor's thread).
+
+    The driver's result: the first that failed, else the last.
+    """
     d = driver()
-    d.cuGraphExecDestroy(built.exec)
-    d.cuGraphDestroy(built.graph)
+    results = [d.cuGraphExecDestroy(built.exec), d.cuGraphDestroy(built.graph)]
+    if built.order is not None:
+        results.append(d.cuEventDestroy(built.order))
+    if built.table:
+        results.append(d.cuMemFree(built.table))
+    return next((result for result in results if int(result[0])), results[-1])
 
 
 def launch_graph(
@@ -167,41 +221,28 @@ def launch_graph(
     wait_events: Sequence[EventHandle],
     signal_event: EventHandle | None,
 ) -> None:
-    """Patch every node with its arguments (unless they are the last launch's), then launch."""
+    """Put every node's arguments in (unless they are the last launch's), then launch."""
     built: CudaGraph = graph.native
-    if arguments is not built.last_arguments:
-        built.last_arguments = None  # until every node is patched
-        set_params = _set_params
-        exec_address = built.exec_address
-        resolved: dict[tuple[int, int], tuple[tuple[int | float, ...], struct.Struct]] = {}
-        for state, (buffers, scalars) in zip(built.nodes, arguments, strict=True):
-            if scalars is not state.scalars:
-                # Nodes often share one scalars object: its values and packer are read once.
-                key = (id(scalars), len(buffers))
-                known = resolved.get(key)
-                if known is None:
-                    known = resolved[key] = (
-                        tuple([argument.value for argument in scalars]),
-                        state.kernel.packer(
-                            len(buffers), tuple([argument.type_name for argument in scalars])
-                        ),
-                    )
-                state.scalars = scalars
-                state.values, state.packer = known
-            packer = state.packer
-            assert packer is not None
-            packed = packer.pack(*[binding.address for binding in buffers], *state.values)
-            if packed != state.last:  # a node whose arguments did not change is not patched
-                ctypes.memmove(state.slots, packed, len(packed))
-                result = set_params(exec_address, state.address, state.params_address)
-                if result:
-                    device.fail(result, "updating a graph's node")
-                state.last = packed
-        built.last_arguments = arguments
     for event in wait_events:
         device.wait(stream, event)
     if stream is not built.stream:
+        if built.stream is not None and built.table:
+            # The table is rewritten on this stream: after the last launch has read it.
+            _follow(device, built.order, built.stream, stream)
         built.stream, built.stream_address = stream, int(stream.native)
+    if arguments is not built.last_arguments:
+        built.last_arguments = None  # until every node is put in
+        if built.table_only:
+            _pack_table(built, arguments)
+        else:
+            _patch_nodes(device, built, arguments)
+        if built.table:
+            result = _copy_table(
+                built.table, built.staging_address, built.table_size, built.stream_address
+            )
+            if result:
+                device.fail(result, "copying a graph's argument table")
+        built.last_arguments = arguments
     result = _graph_launch(built.exec_address, built.stream_address)
     if result:
         device.fail(result, "launching a graph")
@@ -210,43 +251,163 @@ def launch_graph(
         device.record(signal_event, stream)
 
 
-def _build(device: DeviceState, built: CudaGraph, nodes: Sequence[GraphNode]) -> None:
-    """Create ``built``'s graph of ``nodes`` and instantiate it (destroyed again on failure)."""
+def _pack_table(built: CudaGraph, arguments: Sequence[NodeArguments]) -> None:
+    """Pack every node's arguments into the table's host copy: one pack for the whole table.
+
+    The table's format follows the scalars' types, made again when they change
+    (node by node, the counts of buffers and scalars are the kernels').
+    """
+    values: list[int | float] = []
+    names: list[str] = []
+    add_values, add_names = values.extend, names.extend
+    last: object = None
+    for pair in arguments:
+        if pair is not last:  # launch graphs repeat one node's arguments object
+            buffers, scalars = last = pair
+            node_values: list[int | float] = [binding.address for binding in buffers]
+            node_values += [argument.value for argument in scalars]
+            node_names = [argument.type_name for argument in scalars]
+        add_values(node_values)
+        add_names(node_names)
+    if names != built.table_types:
+        codes = []
+        for state, (buffers, scalars) in zip(built.nodes, arguments, strict=True):
+            node = argument_format(len(buffers), [argument.type_name for argument in scalars])
+            codes += [node, "x" * (state.table_bytes - struct.calcsize("<" + node))]
+        built.table_packer = struct.Struct("<" + "".join(codes))
+        built.table_types = names
+    packer = built.table_packer
+    assert packer is not None
+    packer.pack_into(built.staging, 0, *values)
+
+
+def _patch_nodes(device: DeviceState, built: CudaGraph, arguments: Sequence[NodeArguments]) -> None:
+    """Node by node: pack a table node's arguments into the table, patch any other's."""
+    set_params = _set_params
+    exec_address = built.exec_address
+    staging = built.staging
+    resolved: dict[tuple[int, int], tuple[tuple[int | float, ...], struct.Struct]] = {}
+    for state, (buffers, scalars) in zip(built.nodes, arguments, strict=True):
+        if scalars is not state.scalars:
+            # Nodes often share one scalars object: its values and packer are read once.
+            key = (id(scalars), len(buffers))
+            known = resolved.get(key)
+            if known is None:
+                known = resolved[key] = (
+                    tuple([argument.value for argument in scalars]),
+                    state.kernel.packer(
+                        len(buffers), tuple([argument.type_name for argument in scalars])
+                    ),
+                )
+            state.scalars = scalars
+            state.values, state.packer = known
+        packer = state.packer
+        assert packer is not None
+        if state.table_offset >= 0:
+            addresses = [binding.address for binding in buffers]
+            packer.pack_into(staging, state.table_offset, *addresses, *state.values)
+            continue
+        packed = packer.pack(*[binding.address for binding in buffers], *state.values)
+        if packed != state.last:  # a node whose arguments did not change is not patched
+            ctypes.memmove(state.slots, packed, len(packed))
+            result = set_params(exec_address, state.address, state.params_address)
+            if result:
+                device.fail(result, "updating a graph's node")
+            state.last = packed
+
+
+def _follow(device: DeviceState, order: Any, before: StreamHandle, stream: StreamHandle) -> None:
+    """``stream`` waits (on the device) for what ``before`` holds now, through ``order``."""
     d = driver()
-    graph = built.graph = device.value(d.cuGraphCreate(0), "creating a graph")
+    device.check(d.cuEventRecord(order, before.native), "ordering a graph's launches")
+    device.check(d.cuStreamWaitEvent(stream.native, order, 0), "ordering a graph's launches")
+    ledger = device.ledgers[before.id]
+    device.ledgers[stream.id].enqueue_wait(ledger, ledger.position)
+
+
+def _build(device: DeviceState, built: CudaGraph, nodes: Sequence[GraphNode]) -> None:
+    """Create ``built``'s graph of ``nodes`` and instantiate it (all undone on failure)."""
+    d = driver()
+    places, built.table_size = _table_places(nodes)
+    built.table_only = all(offset >= 0 for offset, _ in places)
     try:
-        for node in nodes:
-            kernel: Kernel = node.loaded.native
-            count = max(kernel.argument_count, 1)
-            slots = ctypes.create_string_buffer(8 * count)
-            base = ctypes.addressof(slots)
-            pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
-            params = d.CUDA_KERNEL_NODE_PARAMS()
-            params.func = kernel.function
-            dims = node.config.dims
-            (
-                params.gridDimX,
-                params.gridDimY,
-                params.gridDimZ,
-                params.blockDimX,
-                params.blockDimY,
-                params.blockDimZ,
-                params.sharedMemBytes,
-            ) = dims
-            params.kernelParams = ctypes.addressof(pointers)
-            dependencies = [built.nodes[before].handle for before in node.after]
-            handle = device.value(
-                d.cuGraphAddKernelNode(graph, dependencies, len(dependencies), params),
-                f"adding {node.loaded.artifact.spec.kernel_name} to a graph",
+        if built.table_size:
+            built.table = int(
+                device.value(d.cuMemAlloc(built.table_size), "allocating a graph's argument table")
             )
-            state = _NodeState(kernel, handle, slots, pointers)
-            state.params = _NodeParams(
-                int(kernel.function), *dims, ctypes.addressof(pointers), None, None, None
+            built.order = device.value(
+                d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING), "creating an event"
             )
-            state.params_address = ctypes.addressof(state.params)
-            built.nodes.append(state)
-            built.threads += dims[0] * dims[1] * dims[2] * dims[3] * dims[4] * dims[5]
-        built.exec = device.value(d.cuGraphInstantiate(graph, 0), "instantiating a graph")
+            built.staging = ctypes.create_string_buffer(built.table_size)
+            built.staging_address = ctypes.addressof(built.staging)
+        built.graph = device.value(d.cuGraphCreate(0), "creating a graph")
+        for node, place in zip(nodes, places, strict=True):
+            _add_node(device, built, node, place)
+        built.exec = device.value(d.cuGraphInstantiate(built.graph, 0), "instantiating a graph")
     except BaseException:
-        d.cuGraphDestroy(graph)
+        if built.graph is not None:
+            d.cuGraphDestroy(built.graph)
+        if built.order is not None:
+            d.cuEventDestroy(built.order)
+        if built.table:
+            d.cuMemFree(built.table)
         raise
+
+
+def _table_places(nodes: Sequence[GraphNode]) -> tuple[list[tuple[int, int]], int]:
+    """Each node's ``(offset, bytes)`` in the argument table (-1, 0: patched), and its size."""
+    places = []
+    size = 0
+    for node in nodes:
+        kernel: Kernel = node.loaded.native
+        if isinstance(kernel.table, TableKernel):
+            taken = -(-8 * max(kernel.argument_count, 1) // _TABLE_ALIGNMENT) * _TABLE_ALIGNMENT
+            places.append((size, taken))
+            size += taken
+        else:
+            places.append((-1, 0))
+    return places, size
+
+
+def _add_node(
+    device: DeviceState, built: CudaGraph, node: GraphNode, place: tuple[int, int]
+) -> None:
+    """Add ``node`` after its dependencies: its table variant at ``place``, or the kernel."""
+    offset = place[0]
+    d = driver()
+    kernel: Kernel = node.loaded.native
+    count = max(kernel.argument_count, 1)
+    slots = ctypes.create_string_buffer(8 * count)
+    base = ctypes.addressof(slots)
+    pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+    params = d.CUDA_KERNEL_NODE_PARAMS()
+    dims = node.config.dims
+    (
+        params.gridDimX,
+        params.gridDimY,
+        params.gridDimZ,
+        params.blockDimX,
+        params.blockDimY,
+        params.blockDimZ,
+        params.sharedMemBytes,
+    ) = dims
+    if offset >= 0:
+        assert isinstance(kernel.table, TableKernel)
+        params.func = kernel.table.function
+        ctypes.c_uint64.from_buffer(slots).value = built.table + offset  # its one argument
+    else:
+        params.func = kernel.function
+    params.kernelParams = ctypes.addressof(pointers)
+    dependencies = [built.nodes[before].handle for before in node.after]
+    handle = device.value(
+        d.cuGraphAddKernelNode(built.graph, dependencies, len(dependencies), params),
+        f"adding {node.loaded.artifact.spec.kernel_name} to a graph",
+    )
+    state = _NodeState(kernel, handle, slots, pointers)
+    state.table_offset, state.table_bytes = place
+    state.params = _NodeParams(
+        int(kernel.function), *dims, ctypes.addressof(pointers), None, None, None
+    )
+    state.params_address = ctypes.addressof(state.params)
+    built.nodes.append(state)
+    built.threads += dims[0] * dims[1] * dims[2] * dims[3] * dims[4] * dims[5]

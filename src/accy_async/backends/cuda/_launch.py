@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from ..base import Backend
     from ._device import DeviceState
 
-__all__ = ["CudaStageLauncher", "Kernel"]
+__all__ = ["CudaStageLauncher", "Kernel", "TableKernel", "argument_format"]
 
 _SCALAR_CODES: Final = {
     "u32": "I4x",
@@ -36,7 +37,12 @@ _SCALAR_CODES: Final = {
 
 
 class Kernel:
-    """A loaded function with its reusable argument array."""
+    """A loaded function with its reusable argument array.
+
+    ``table`` is its argument-table variant for device graphs once made
+    (:func:`~._artifacts.load_table_variants`): a :class:`TableKernel`, or the
+    reason there is none (a string); ``None`` until it was tried.
+    """
 
     __slots__ = (
         "argument_count",
@@ -44,13 +50,33 @@ class Kernel:
         "formats",
         "function",
         "launcher",
+        "lock",
         "module",
+        "name",
         "params",
         "pointers",
+        "ptx",
         "slots",
+        "table",
+        "unloaded",
     )
 
-    def __init__(self, module: Any, function: Any, argument_count: int, cost: CostModel) -> None:
+    def __init__(
+        self,
+        module: Any,
+        function: Any,
+        argument_count: int,
+        cost: CostModel,
+        ptx: bytes = b"",
+        name: str = "",
+    ) -> None:
+        self.name = name
+        self.ptx = ptx
+        """The PTX the module was made from, where known (the table variant is made from it)."""
+        self.table: TableKernel | str | None = None
+        self.lock = threading.Lock()
+        """Orders a table variant arriving from a worker thread with the kernel's unload."""
+        self.unloaded = False
         self.cost = cost
         """What the forecast learns of this kernel's length (shared by every load of its image)."""
         self.module = module
@@ -67,9 +93,25 @@ class Kernel:
     def packer(self, buffer_count: int, scalar_types: tuple[str, ...]) -> struct.Struct:
         packer = self.formats.get(scalar_types)
         if packer is None:
-            codes = "".join(_SCALAR_CODES[t] for t in scalar_types)
-            packer = self.formats[scalar_types] = struct.Struct("<" + "Q" * buffer_count + codes)
+            packer = self.formats[scalar_types] = struct.Struct(
+                "<" + argument_format(buffer_count, scalar_types)
+            )
         return packer
+
+
+def argument_format(buffer_count: int, scalar_types: Sequence[str]) -> str:
+    """The :mod:`struct` codes of a launch's arguments, an 8-byte slot each (no byte order)."""
+    return "Q" * buffer_count + "".join(_SCALAR_CODES[t] for t in scalar_types)
+
+
+class TableKernel:
+    """A kernel's argument-table variant: its module and function (see :mod:`._table_ptx`)."""
+
+    __slots__ = ("function", "module")
+
+    def __init__(self, module: Any, function: Any) -> None:
+        self.module = module
+        self.function = function
 
 
 class CudaStageLauncher(StageLauncher):

@@ -243,7 +243,9 @@ class CompilePool:
             if reply["error"] == "CompilationError":
                 raise CompilationError(reply["message"], log=reply["log"])
             raise RuntimeUnavailable(reply["message"])
-        image = CompiledImage(reply["image"], reply["kind"], reply["arch"], reply["log"])
+        image = CompiledImage(
+            reply["image"], reply["kind"], reply["arch"], reply["log"], reply.get("ptx", b"")
+        )
         remember_image(source, name, options, compute_capability, image)
         return image
 

@@ -35,12 +35,18 @@ _cache_lock = threading.Lock()
 
 @dataclass(frozen=True, slots=True)
 class CompiledImage:
-    """What NVRTC produced: ``kind`` is ``"cubin"`` or ``"ptx"``; ``log`` its messages."""
+    """What NVRTC produced: ``kind`` is ``"cubin"`` or ``"ptx"``; ``log`` its messages.
+
+    ``ptx`` is the PTX the image was made from (the image itself for ``"ptx"``;
+    empty where NVRTC did not give it): a kernel's argument-table variant is
+    made from it (see :mod:`._table_ptx`).
+    """
 
     image: bytes
     kind: str
     arch: str
     log: str
+    ptx: bytes = b""
 
 
 def _nvrtc() -> Any:
@@ -172,19 +178,30 @@ def _compile(
         (result,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
         log = _log(program)
         _check((result,), f"compiling {name}", log)
+        ptx = _ptx(program)
         if kind == "cubin":
             result, size = nvrtc.nvrtcGetCUBINSize(program)
             _check((result,), "sizing the cubin", log)
             image = b" " * size
             _check(nvrtc.nvrtcGetCUBIN(program, image), "reading the cubin", log)
         else:
-            result, size = nvrtc.nvrtcGetPTXSize(program)
-            _check((result,), "sizing the PTX", log)
-            image = b" " * size
-            _check(nvrtc.nvrtcGetPTX(program, image), "reading the PTX", log)
-        return CompiledImage(image, kind, arch_option.split("=", 1)[1], log)
+            if not ptx:
+                _check(nvrtc.nvrtcGetPTXSize(program), "sizing the PTX", log)
+            image = ptx
+        return CompiledImage(image, kind, arch_option.split("=", 1)[1], log, ptx)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
+
+
+def _ptx(program: Any) -> bytes:
+    """The program's PTX (NVRTC keeps it also when compiling a cubin), or nothing."""
+    nvrtc = _nvrtc()
+    result, size = nvrtc.nvrtcGetPTXSize(program)
+    if int(result) or size <= 1:
+        return b""
+    text = b" " * size
+    (result,) = nvrtc.nvrtcGetPTX(program, text)
+    return b"" if int(result) else text
 
 
 def _log(program: Any) -> str:

@@ -36,6 +36,7 @@ def serve(requests: Any, replies: Any) -> None:
             image = compile_source(source, name, tuple(options), (capability[0], capability[1]))
             reply = {"ok": True, "image": image.image, "kind": image.kind, "arch": image.arch}
             reply["log"] = image.log
+            reply["ptx"] = image.ptx
         except AccyError as exc:
             reply = {"ok": False, "error": type(exc).__name__, "message": exc.message}
             reply["log"] = exc.log if isinstance(exc, CompilationError) else ""
