@@ -53,9 +53,41 @@ async def test_a_relaunched_request_is_rechecked_for_what_can_change(
         operands[0] = operand.bind("read_only")
         await launch_pipeline(recording, request)
         assert recording.launch_count == 15
+        # Any object destroyed, the handles are checked again (unchanged, once is enough).
+        recording.destroy(recording.allocate_buffer(16))
+        await launch_pipeline(recording, request)
+        assert recording.launch_count == 18
     with pytest.raises(accy.LaunchArgumentMismatch, match="closed"):
         await launch_pipeline(recording, request)
     recording.destroy_all([operand, result])
+
+
+@pytest.mark.parametrize("destroyed", ["result", "stream"])
+async def test_a_relaunched_request_whose_buffer_or_stream_was_destroyed_is_refused(
+    recording: accy.RecordingBackend, destroyed: str
+) -> None:
+    operand, result = recording.allocate_buffer(20_000), recording.allocate_buffer(20_000)
+    stream = recording.create_stream()
+    async with (
+        await load_pipeline_artifacts(recording, SEED_PIPELINE, SEED_REGISTRY, PTX) as pool,
+        await allocate_pipeline_intermediates(recording, SEED_PIPELINE, ARGS) as scratch,
+    ):
+        request = seed_launch(
+            operands=(operand.bind("read_only"),),
+            results=(result.bind(),),
+            intermediates=scratch,
+            artifacts=pool,
+            stream=stream,
+        )
+        for _ in range(3):  # remembered, then relaunched from its memo
+            await launch_pipeline(recording, request)
+        await accy.wait_stream(recording, stream)
+        recording.destroy(result if destroyed == "result" else stream)
+        where = r"\$\.buffers\[1\]" if destroyed == "result" else r"live stream .*\$\.stream"
+        with pytest.raises(accy.InvalidBuffer, match=where):
+            await launch_pipeline(recording, request)
+        assert recording.launch_count == 9
+    recording.destroy_all([operand, stream if destroyed == "result" else result])
 
 
 async def test_cancelling_a_launch_that_owns_its_objects_releases_them() -> None:

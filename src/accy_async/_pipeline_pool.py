@@ -211,7 +211,7 @@ class PipelineIntermediates(Sequence[BufferBinding]):
         await self.aclose()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LaunchMemo:
     """A request checked in full once, with its stages' arguments packed, for relaunching."""
 
@@ -228,6 +228,9 @@ class LaunchMemo:
     """Each stage's geometry (the graph's key in the pool)."""
     immutable: bool
     """Whether the request's sequences are tuples (or intermediates): they cannot change."""
+    checked_at: int = -1
+    """The backend's :attr:`~accy_async.backends.Backend.removals` when the handles were last
+    seen live (nothing destroyed since: they still are)."""
 
     def still_holds(self, backend: Backend) -> bool:
         """Whether the request's buffers are the ones checked, and all still live."""
@@ -245,9 +248,14 @@ class LaunchMemo:
                 a is not b for a, b in zip(flat, self.bindings, strict=True)
             ):
                 return False
-        backend.check_bindings(self.bindings, "$.buffers")
-        stream = self.stream
-        return stream is None or backend.owns(stream)
+        removals = backend.removals
+        if removals != self.checked_at:
+            backend.check_bindings(self.bindings, "$.buffers")
+            stream = self.stream
+            if stream is not None and not backend.owns(stream):
+                return False
+            self.checked_at = removals
+        return True
 
 
 async def load_pipeline_artifacts(

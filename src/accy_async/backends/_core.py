@@ -125,6 +125,15 @@ class BackendCore(BackendPrimitives):
         """Whether ``obj`` is a live object of this backend."""
         return self._registry.owns(obj)
 
+    @property
+    def removals(self) -> int:
+        """How many objects were destroyed (or forgotten) so far; it only grows.
+
+        While it is unchanged, every object that was live is live still: a
+        caller that checked its handles once checks again only when it moved.
+        """
+        return self._registry.removals
+
     def check_bindings(self, bindings: Sequence[BufferBinding], path: str = "$") -> None:
         """Raise :class:`InvalidBuffer` unless each binding is a live buffer of this backend.
 

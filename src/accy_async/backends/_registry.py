@@ -41,6 +41,7 @@ class Registry:
         "live",
         "live_bytes",
         "ready",
+        "removals",
     )
 
     def __init__(self, backend_id: int) -> None:
@@ -49,6 +50,8 @@ class Registry:
         """Every object created and not destroyed, by id (read it, change it through methods)."""
         self.live_bytes = 0
         """Bytes held by the live buffers, external ones included."""
+        self.removals = 0
+        """Objects forgotten so far: while it stays the same, every object live before still is."""
         self.adopted: dict[int, StreamHandle] = {}
         """Other libraries' streams in use, by raw handle."""
         self.ready: deque[int] = deque()
@@ -80,6 +83,7 @@ class Registry:
         if not self.owns(obj):
             raise InvalidBuffer(f"{obj!r} is not a live object of this backend (destroyed twice?)")
         del self.live[obj.id]
+        self.removals += 1
         if isinstance(obj, BufferHandle):
             self.live_bytes -= obj.byte_size
 
