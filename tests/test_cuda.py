@@ -104,15 +104,40 @@ async def test_graph_nodes_of_a_cubin_are_patched_by_the_driver_and_compute_the_
     )
     assert [node.table_offset >= 0 for node in graph.native.nodes] == [False, True]
     values = np.arange(n, dtype=np.float32)
-    x = accy.upload(cuda, values)
-    middle, out = cuda.allocate_buffer(4 * n), cuda.allocate_buffer(4 * n)
-    for _ in range(3):
+    inputs = [accy.upload(cuda, values * (turn + 1)) for turn in range(3)]
+    middles = [cuda.allocate_buffer(4 * n) for _ in range(3)]
+    outs = [cuda.allocate_buffer(4 * n) for _ in range(3)]
+    for x, middle, out in zip(inputs, middles, outs, strict=True):  # new buffers each launch
         cuda.launch_graph_exec(
             graph,
             [([middle.bind(), x.bind()], [p.U32(n)]), ([out.bind(), middle.bind()], [p.U32(n)])],
         )
-    np.testing.assert_array_equal(await accy.download(cuda, out, np.float32, n), values + 2)
-    cuda.destroy_all([graph, x, middle, out, loaded, source])
+    for turn, out in enumerate(outs):
+        np.testing.assert_array_equal(
+            await accy.download(cuda, out, np.float32, n), values * (turn + 1) + 2
+        )
+    cuda.destroy_all([graph, *inputs, *middles, *outs, loaded, source])
+
+
+async def test_a_prepare_cancelled_while_the_driver_compiles_leaves_one_variant(
+    cuda: accy.Backend,
+) -> None:
+    # A name of its own keeps the driver's JIT cache cold, so the cancel lands mid-compile;
+    # the abandoned worker and the retry each make a variant, and the kernel keeps one.
+    from accy_async.backends.cuda._launch import TableKernel
+
+    name = f"add_one_{random.randrange(1 << 40):x}"
+    source = KERNELS["add_one_f32"][2].replace("add_one_f32", name)
+    kernel = await cuda.load_artifact(
+        await cuda.create_artifact(
+            spec(cuda, "add_one_f32", kernel_name=name, payload=p.TextPayload(source))
+        )
+    )
+    with anyio.move_on_after(0.001):
+        await cuda.prepare_graph_kernels([kernel])
+    await cuda.prepare_graph_kernels([kernel])
+    assert isinstance(kernel.native.table, TableKernel)
+    cuda.destroy(kernel)
 
 
 async def test_a_missing_kernel_name_is_an_invalid_artifact(cuda: accy.Backend) -> None:

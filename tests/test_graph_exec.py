@@ -148,6 +148,43 @@ async def test_a_prepared_graph_launched_from_another_stream_keeps_each_launchs_
     backend.destroy_all([graph, data, a, b, first, second, slow, add_one])
 
 
+async def test_a_prepared_graph_launches_on_after_the_stream_of_its_last_launch_is_gone(
+    executing_backend: Backend,
+) -> None:
+    # Launch graphs on streams of their own destroy them after each run; the graph stays.
+    backend = executing_backend
+    add_one = await load(backend, "add_one_f32")
+    await backend.prepare_graph_kernels([add_one])
+    config = accy.LaunchConfig(*grid_for(N))
+    graph = backend.instantiate_graph([GraphNode(add_one, config)])
+    source = accy.upload(backend, np.arange(N, dtype=np.float32))
+    outs = [backend.allocate_buffer(4 * N) for _ in range(3)]
+    n = accy.U32(N)
+    for out in outs:
+        stream = backend.create_stream()
+        backend.launch_graph_exec(graph, [([out.bind(), source.bind()], [n])], stream=stream)
+        await accy.wait_stream(backend, stream)
+        backend.destroy(stream)
+    for out in outs:
+        np.testing.assert_array_equal(await _read(backend, out), np.arange(N, dtype=np.float32) + 1)
+    backend.destroy_all([graph, source, *outs, add_one])
+
+
+async def test_tasks_preparing_the_same_kernels_at_once_make_each_variant_once(
+    backend: Backend,
+) -> None:
+    kernels = [await load(backend, name) for name in ("add_one_f32", "copy_f32")]
+    async with anyio.create_task_group() as group:
+        for _ in range(4):
+            group.start_soon(backend.prepare_graph_kernels, kernels)
+    if backend.kind == "cuda":
+        from accy_async.backends.cuda._launch import TableKernel
+
+        assert all(isinstance(kernel.native.table, TableKernel) for kernel in kernels)
+    backend.destroy_all(kernels)
+    assert not backend.live_handles()
+
+
 async def test_preparing_kernels_for_graphs_is_a_checkpoint_and_refuses_dead_artifacts(
     backend: Backend,
 ) -> None:

@@ -126,6 +126,24 @@ def test_what_cannot_be_rewritten_is_refused_with_the_reason(
         table_variant(SAXPY.replace(*change), "saxpy", 5)
 
 
+@pytest.mark.parametrize(
+    "declaration", [".global .align 4 .u32 epoch;", ".const .align 4 .b8 coefficients[16];"]
+)
+def test_a_module_with_variables_of_its_own_is_refused(declaration: str) -> None:
+    # The variant's module would hold a second copy of a __device__ or __constant__ variable.
+    ptx = SAXPY.replace(".address_size 64\n", f".address_size 64\n{declaration}\n")
+    with pytest.raises(NoTableVariant, match="declares a variable of its own"):
+        table_variant(ptx, "saxpy", 5)
+
+
+def test_a_kernel_without_parameters_gets_a_variant_that_ignores_its_table() -> None:
+    variant = table_variant(SAXPY, "other", 1)
+    bare = SAXPY.replace(".entry other(\n\t.param .u64 other_param_0\n)", ".entry other()")
+    entry = _entry(table_variant(bare, "other", 0).ptx, "other" + TABLE_SUFFIX)
+    assert "ld.global" not in entry and "ret;" in entry
+    assert variant.name == "other" + TABLE_SUFFIX
+
+
 def test_a_kernel_declaring_another_argument_count_than_the_plan_is_refused() -> None:
     with pytest.raises(NoTableVariant, match="declares 5 parameters, the plan passes 4"):
         table_variant(SAXPY, "saxpy", 4)

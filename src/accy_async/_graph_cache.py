@@ -16,6 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Final
 
+import anyio
+
 from .backends import Backend, GraphExec, GraphNode, LoadedArtifact, StreamHandle
 from .errors import RuntimeUnavailable, UnsupportedOperation
 
@@ -30,7 +32,15 @@ _logger: Final = logging.getLogger("accy_async")
 class GraphCache:
     """Instantiated graphs by key; see the module docstring."""
 
-    __slots__ = ("_retired", "backend", "capacity", "graphs", "prepared", "unavailable")
+    __slots__ = (
+        "_preparing",
+        "_retired",
+        "backend",
+        "capacity",
+        "graphs",
+        "prepared",
+        "unavailable",
+    )
 
     def __init__(self, backend: Backend, capacity: int = GRAPH_CAPACITY) -> None:
         self.backend = backend
@@ -40,6 +50,7 @@ class GraphCache:
         """Why graphs are not used here (the backend could not instantiate one), if so."""
         self.prepared = False
         """Whether the owner's kernels were readied for graphs (:meth:`prepare`)."""
+        self._preparing: anyio.Lock | None = None
         self._retired: list[GraphExec] = []
 
     async def prepare(self, loaded: Sequence[LoadedArtifact]) -> None:
@@ -49,9 +60,12 @@ class GraphCache:
         (a checkpoint) before the first graph is made, so its nodes read their
         arguments from a table rather than being patched one by one.
         """
-        if not self.prepared:
-            await self.backend.prepare_graph_kernels(loaded)
-            self.prepared = True
+        if self._preparing is None:
+            self._preparing = anyio.Lock()
+        async with self._preparing:  # tasks launching at once make the variants once
+            if not self.prepared:
+                await self.backend.prepare_graph_kernels(loaded)
+                self.prepared = True
 
     def get(
         self,

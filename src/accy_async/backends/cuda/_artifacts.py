@@ -148,11 +148,11 @@ def _load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
                 "accy-async: %s's graph nodes are patched by the driver: %s", kernel.name, made
             )
         with kernel.lock:
-            if kernel.unloaded:
-                if isinstance(made, TableKernel):
-                    d.cuModuleUnload(made.module)
-            elif kernel.table is None:
+            keep = not kernel.unloaded and kernel.table is None
+            if keep:
                 kernel.table = made
+        if not keep and isinstance(made, TableKernel):  # unloaded, or made twice at once
+            d.cuModuleUnload(made.module)
 
 
 def _table_kernel(kernel: Kernel) -> TableKernel | str:
@@ -173,6 +173,17 @@ def _table_kernel(kernel: Kernel) -> TableKernel | str:
     if int(result):
         d.cuModuleUnload(module)
         return f"the rewritten module has no {variant.name}"
+    # JIT-compiled without the compile options the cubin had (--maxrregcount, say), the
+    # variant must still take every block the kernel takes.
+    limit = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    _, variant_threads = d.cuFuncGetAttribute(limit, function)
+    _, kernel_threads = d.cuFuncGetAttribute(limit, kernel.function)
+    if variant_threads < kernel_threads:
+        d.cuModuleUnload(module)
+        return (
+            f"the variant takes blocks of at most {variant_threads} threads, "
+            f"the kernel {kernel_threads}"
+        )
     return TableKernel(module, function)
 
 

@@ -10,12 +10,15 @@ A node whose kernel has an argument-table variant (made by
 :mod:`._table_ptx`) runs the variant, whose one fixed argument is where its
 arguments lie in the graph's device table. A launch with new arguments packs
 every such node's arguments into a host copy of the table and copies it to
-the device on the launch's stream, before the graph (one
-``cuMemcpyHtoDAsync`` from pageable memory: the driver takes the bytes at the
-call, so the host copy is reused at once). Launches of one graph run in
-order, but the copy is not part of the graph: a launch on another stream
-than the last first waits (on the device) for the previous stream's work, so
-the table is not rewritten under a launch still reading it.
+the device on the launch's stream, before the graph: one
+``cuMemcpyHtoDAsync`` from pageable memory, which the driver stages at the
+call for a table this small, so the host copy is reused at once (on the H200,
+64 B to 64 KiB behind a busy stream: the call returned in 10-14 µs and the
+device saw the bytes as they were at the call; the driver documents that it
+may synchronize with the stream instead, which would still be correct, only
+slower). Launches of one graph run in order, but the copy is not part of the
+graph: each launch records an event after it, and a launch on another stream
+than the last waits (on the device) for that event before rewriting the table.
 
 Other nodes are patched through the driver, each whose packed arguments
 changed since the last launch (``cuGraphExecKernelNodeSetParams``, about a
@@ -70,13 +73,15 @@ class _NodeParams(ctypes.Structure):
 _set_params: Any = None
 _graph_launch: Any = None
 _copy_table: Any = None
+_record: Any = None
+_wait: Any = None
 
 _TABLE_ALIGNMENT = 16
 
 
 def _bind_driver_calls() -> None:
-    """``cuGraphExecKernelNodeSetParams_v2``, ``cuGraphLaunch``, ``cuMemcpyHtoDAsync_v2``."""
-    global _set_params, _graph_launch, _copy_table
+    """The driver calls of a graph launch, typed for ctypes (cuda-python's wrappers cost more)."""
+    global _set_params, _graph_launch, _copy_table, _record, _wait
     if _set_params is None:
         library = libcuda()
         set_params = library.cuGraphExecKernelNodeSetParams_v2
@@ -88,7 +93,14 @@ def _bind_driver_calls() -> None:
         copy = library.cuMemcpyHtoDAsync_v2
         copy.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         copy.restype = ctypes.c_int
+        record = library.cuEventRecord
+        record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        record.restype = ctypes.c_int
+        wait = library.cuStreamWaitEvent
+        wait.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        wait.restype = ctypes.c_int
         _set_params, _graph_launch, _copy_table = set_params, launch, copy
+        _record, _wait = record, wait
 
 
 def _graph_features(total_threads: Any) -> tuple[float, ...]:
@@ -145,6 +157,9 @@ class CudaGraph:
         "last_arguments",
         "nodes",
         "order",
+        "order_address",
+        "order_ledger",
+        "order_position",
         "staging",
         "staging_address",
         "stream",
@@ -170,7 +185,12 @@ class CudaGraph:
         """The table's host copy, packed by each launch with new arguments."""
         self.staging_address = 0
         self.order: Any = None
-        """An event that orders a launch on another stream after the last one's table reads."""
+        """Recorded after each launch (with a table): a launch on another stream waits for it
+        before rewriting the table (the last stream may be gone by then)."""
+        self.order_ledger: Any = None
+        """The ledger and position of ``order``'s last record (``None``: not recorded)."""
+        self.order_position = 0
+        self.order_address = 0
         self.graph: Any = None
         """The graph the executable was made from (kept: its nodes are how updates name them)."""
         self.exec: Any = None
@@ -202,10 +222,17 @@ def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGr
 def destroy_graph(built: CudaGraph) -> Any:
     """Destroy the executable, its graph, table and event (on the janitor's thread).
 
+    The table is freed once the last launch that reads it has ended (its end
+    event waited for here); the executable the driver releases when its
+    launches complete.
+
     The driver's result: the first that failed, else the last.
     """
     d = driver()
-    results = [d.cuGraphExecDestroy(built.exec), d.cuGraphDestroy(built.graph)]
+    results = []
+    if built.order is not None:  # the last launch reading the table has ended: free it
+        results.append(d.cuEventSynchronize(built.order))
+    results += [d.cuGraphExecDestroy(built.exec), d.cuGraphDestroy(built.graph)]
     if built.order is not None:
         results.append(d.cuEventDestroy(built.order))
     if built.table:
@@ -226,10 +253,11 @@ def launch_graph(
     for event in wait_events:
         device.wait(stream, event)
     if stream is not built.stream:
-        if built.stream is not None and built.table:
+        stream_address = int(stream.native)
+        if built.order_ledger is not None:
             # The table is rewritten on this stream: after the last launch has read it.
-            _follow(device, built.order, built.stream, stream)
-        built.stream, built.stream_address = stream, int(stream.native)
+            _follow(device, built, stream, stream_address)
+        built.stream, built.stream_address = stream, stream_address
     if arguments is not built.last_arguments:
         built.last_arguments = None  # until every node is put in
         if built.table_only:
@@ -246,7 +274,13 @@ def launch_graph(
     result = _graph_launch(built.exec_address, built.stream_address)
     if result:
         device.fail(result, "launching a graph")
-    device.ledgers[stream.id].enqueue(built.cost, built.threads)
+    ledger = device.ledgers[stream.id]
+    ledger.enqueue(built.cost, built.threads)
+    if built.table:  # where the last launch reading the table ends (its stream may go)
+        result = _record(built.order_address, built.stream_address)
+        if result:
+            device.fail(result, "recording a graph's end")
+        built.order_ledger, built.order_position = ledger, ledger.position
     if signal_event is not None:
         device.record(signal_event, stream)
 
@@ -316,13 +350,13 @@ def _patch_nodes(device: DeviceState, built: CudaGraph, arguments: Sequence[Node
             state.last = packed
 
 
-def _follow(device: DeviceState, order: Any, before: StreamHandle, stream: StreamHandle) -> None:
-    """``stream`` waits (on the device) for what ``before`` holds now, through ``order``."""
-    d = driver()
-    device.check(d.cuEventRecord(order, before.native), "ordering a graph's launches")
-    device.check(d.cuStreamWaitEvent(stream.native, order, 0), "ordering a graph's launches")
-    ledger = device.ledgers[before.id]
-    device.ledgers[stream.id].enqueue_wait(ledger, ledger.position)
+def _follow(device: DeviceState, built: CudaGraph, stream: StreamHandle, address: int) -> None:
+    """``stream`` (at ``address``) waits, on the device, for the end of ``built``'s last launch."""
+    result = _wait(address, built.order_address, 0)
+    if result:
+        device.fail(result, "ordering a graph's launches")
+    assert built.order_ledger is not None
+    device.ledgers[stream.id].enqueue_wait(built.order_ledger, built.order_position)
 
 
 def _build(device: DeviceState, built: CudaGraph, nodes: Sequence[GraphNode]) -> None:
@@ -338,6 +372,7 @@ def _build(device: DeviceState, built: CudaGraph, nodes: Sequence[GraphNode]) ->
             built.order = device.value(
                 d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING), "creating an event"
             )
+            built.order_address = int(built.order)
             built.staging = ctypes.create_string_buffer(built.table_size)
             built.staging_address = ctypes.addressof(built.staging)
         built.graph = device.value(d.cuGraphCreate(0), "creating a graph")
@@ -406,7 +441,7 @@ def _add_node(
     state = _NodeState(kernel, handle, slots, pointers)
     state.table_offset, state.table_bytes = place
     state.params = _NodeParams(
-        int(kernel.function), *dims, ctypes.addressof(pointers), None, None, None
+        int(params.func), *dims, ctypes.addressof(pointers), None, None, None
     )
     state.params_address = ctypes.addressof(state.params)
     built.nodes.append(state)

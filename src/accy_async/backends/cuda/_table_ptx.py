@@ -11,9 +11,11 @@ of the whole table, stream-ordered before the graph.
 ``.param .u64`` and every ``ld.param`` of the original parameters rewritten to
 a load from the table (argument ``i`` at byte ``8 * i``, the 8-byte slots the
 CUDA backend packs arguments into, little-endian). It refuses, with the
-reason, a kernel whose parameters are not scalars of at most 8 bytes, or that
-uses a parameter other than by loading it (taking its address, say): those
-nodes stay patched by the driver.
+reason, a kernel whose parameters are not scalars of at most 8 bytes, that
+uses a parameter other than by loading it (taking its address, say), or whose
+module declares variables of its own (``__device__`` or ``__constant__``: the
+variant's module would hold a second copy of them): those nodes stay patched
+by the driver.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ _PARAMETER: Final = re.compile(
     r"(?:\s+\.align\s+\d+)?)?\s+(?P<name>[A-Za-z_$%][\w$]*)\s*$"
 )
 _TABLE_REGISTER: Final = "%accy_table"
+_MODULE_VARIABLE: Final = re.compile(
+    r"^\s*(?:\.(?:visible|extern|weak|common)\s+)*\.(?:global|const)\s", re.MULTILINE
+)
 
 
 class NoTableVariant(Exception):
@@ -60,6 +65,10 @@ def table_variant(ptx: str, kernel_name: str, argument_count: int) -> TableVaria
     match = re.search(_ENTRY.format(name=re.escape(kernel_name)), ptx)
     if match is None:
         raise NoTableVariant(f"the PTX has no entry named {kernel_name!r}")
+    variable = _MODULE_VARIABLE.search(ptx)
+    if variable is not None:  # .global and .const variables live at module scope only
+        line = ptx[variable.start() : ptx.find("\n", variable.start())].strip()
+        raise NoTableVariant(f"the module declares a variable of its own ({line!r})")
     close = ptx.find(")", match.end())
     if close < 0:
         raise NoTableVariant(f"{kernel_name}'s parameter list is not closed")
@@ -111,6 +120,8 @@ def _closing_brace(ptx: str, opening: int) -> int:
 def _rewrite_loads(body: str, kernel_name: str, parameters: list[tuple[str, str]]) -> str:
     """``body`` with each ``ld.param`` of a parameter made a load from its table slot."""
     slots = {name: index * _SLOT_BYTES for index, (_, name) in enumerate(parameters)}
+    if not slots:
+        return body
     names = "|".join(re.escape(name) for name in slots)
     load = re.compile(
         r"\bld\.param\.(?P<type>[a-z]\d+)(?P<operands>\s+[^,;{]+,\s*)"

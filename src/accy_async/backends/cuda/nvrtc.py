@@ -185,8 +185,11 @@ def _compile(
             image = b" " * size
             _check(nvrtc.nvrtcGetCUBIN(program, image), "reading the cubin", log)
         else:
-            if not ptx:
-                _check(nvrtc.nvrtcGetPTXSize(program), "sizing the PTX", log)
+            if not ptx:  # say why
+                result, size = nvrtc.nvrtcGetPTXSize(program)
+                _check((result,), "sizing the PTX", log)
+                _check(nvrtc.nvrtcGetPTX(program, b" " * size), "reading the PTX", log)
+                raise CompilationError(f"NVRTC gave no PTX for {name}", log=log)
             image = ptx
         return CompiledImage(image, kind, arch_option.split("=", 1)[1], log, ptx)
     finally:
