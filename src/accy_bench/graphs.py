@@ -1,7 +1,8 @@
 """Launch cost as one device graph, beside the same work launched node by node (same run).
 
 Rows per node (or per stage), each paired with the raw pre-packed
-``cuLaunchKernel`` interleaved with it: the 3-stage pipeline relaunched (one
+``cuLaunchKernel`` interleaved with it (the 100-node rows time four launches a
+batch, new arguments every launch where the row says so): the 3-stage pipeline relaunched (one
 submission, nothing patched) and with a fresh request each call (every stage
 patched); a 100-node launch graph with the same buffers and with new buffers
 each call, as a graph and node by node; and the backend's graph launch with new
@@ -34,6 +35,8 @@ __all__ = ["GRAPH_NODES", "GraphRig", "device_graph_rows"]
 
 GRAPH_NODES = 100
 """Nodes of the launch-graph rows (the issue's 100-node graph)."""
+GRAPH_LAUNCHES = 4
+"""Launches of the 100-node graph per timed batch (the raw rows time 256 launches a batch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,29 +132,32 @@ async def _launch_graph_rows(
     await sync()
 
     async def same() -> None:
-        await launch_graph(
-            kernels, binding_sets[0], graph, default_stream=stream, device_graph=device_graph
-        )
+        for _ in range(GRAPH_LAUNCHES):
+            await launch_graph(
+                kernels, binding_sets[0], graph, default_stream=stream, device_graph=device_graph
+            )
 
     turn = [0]
 
     async def new() -> None:
-        turn[0] += 1
-        await launch_graph(
-            kernels,
-            binding_sets[turn[0] % 2],
-            graph,
-            default_stream=stream,
-            device_graph=device_graph,
-        )
+        for _ in range(GRAPH_LAUNCHES):
+            turn[0] += 1
+            await launch_graph(
+                kernels,
+                binding_sets[turn[0] % 2],
+                graph,
+                default_stream=stream,
+                device_graph=device_graph,
+            )
 
     name = f"accy launch_graph {how}, {GRAPH_NODES} nodes"
+    per_batch = GRAPH_NODES * GRAPH_LAUNCHES
     return {
         f"{name}, same buffers, per node": await paired_us(
-            raw, same, sync, repeat, launches_per_batch=GRAPH_NODES
+            raw, same, sync, repeat, launches_per_batch=per_batch
         ),
         f"{name}, new buffers each call, per node": await paired_us(
-            raw, new, sync, repeat, launches_per_batch=GRAPH_NODES
+            raw, new, sync, repeat, launches_per_batch=per_batch
         ),
     }
 
@@ -190,11 +196,12 @@ async def _backend_graph_row(
         turn = [0]
 
         async def new_arguments(graph: Any = graph, turn: list[int] = turn) -> None:
-            turn[0] += 1
-            backend.launch_graph_exec_trusted(graph, sets[turn[0] % 2], stream)
+            for _ in range(GRAPH_LAUNCHES):
+                turn[0] += 1
+                backend.launch_graph_exec_trusted(graph, sets[turn[0] % 2], stream)
 
         rows[f"{name}, {how}, per node"] = await paired_us(
-            raw, new_arguments, sync, repeat, launches_per_batch=GRAPH_NODES
+            raw, new_arguments, sync, repeat, launches_per_batch=GRAPH_NODES * GRAPH_LAUNCHES
         )
         await sync()
         backend.destroy(graph)

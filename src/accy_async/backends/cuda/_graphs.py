@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .._graph_exec import GraphExec, GraphNode, NodeArguments
@@ -77,6 +78,7 @@ _record: Any = None
 _wait: Any = None
 
 _TABLE_ALIGNMENT = 16
+_address, _value, _type_name = attrgetter("address"), attrgetter("value"), attrgetter("type_name")
 
 
 def _bind_driver_calls() -> None:
@@ -294,15 +296,10 @@ def _pack_table(built: CudaGraph, arguments: Sequence[NodeArguments]) -> None:
     values: list[int | float] = []
     names: list[str] = []
     add_values, add_names = values.extend, names.extend
-    last: object = None
-    for pair in arguments:
-        if pair is not last:  # launch graphs repeat one node's arguments object
-            buffers, scalars = last = pair
-            node_values: list[int | float] = [binding.address for binding in buffers]
-            node_values += [argument.value for argument in scalars]
-            node_names = [argument.type_name for argument in scalars]
-        add_values(node_values)
-        add_names(node_names)
+    for buffers, scalars in arguments:
+        add_values(map(_address, buffers))
+        add_values(map(_value, scalars))
+        add_names(map(_type_name, scalars))
     if names != built.table_types:
         codes = []
         for state, (buffers, scalars) in zip(built.nodes, arguments, strict=True):
