@@ -31,7 +31,7 @@ from accy_async.backends import Backend, GraphNode, LaunchConfig
 
 from .rig import paired_us
 
-__all__ = ["GRAPH_NODES", "GraphRig", "device_graph_rows"]
+__all__ = ["GRAPH_LAUNCHES", "GRAPH_NODES", "GraphRig", "device_graph_rows"]
 
 GRAPH_NODES = 100
 """Nodes of the launch-graph rows (the issue's 100-node graph)."""
