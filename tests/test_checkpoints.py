@@ -171,6 +171,8 @@ async def test_backend_calls_are_checkpoints() -> None:
         loaded.append(await backend.load_artifact(artifact))
 
     await assert_checkpoint(load)
+    await backend.prepare_graph_kernels(loaded)
+    await assert_checkpoint(lambda: backend.prepare_graph_kernels(loaded))  # nothing left to do
     backend.destroy_all(loaded)
     await backend.aclose()
     await assert_checkpoint(backend.aclose)  # closed already

@@ -72,14 +72,22 @@ class Run:
         """
         schedule = self.schedule
         unrolled_variant = schedule.unrolled_variant
-        if unrolled_variant is not None:  # every launch is one of the variants
+        if unrolled_variant is not None:  # every launch is one of the variants, each used
             distinct = self.prepared
-            launches = [distinct[variant] for variant in unrolled_variant]
             pairs = [(prepared.buffers, prepared.scalars) for prepared in distinct]
             arguments = tuple([pairs[variant] for variant in unrolled_variant])
+            launches = distinct  # what the checks below read; the nodes, only to make a graph
+
+            def node_launches() -> list[PreparedLaunch]:
+                return [distinct[variant] for variant in unrolled_variant]
+
         else:
             launches = self._unrolled_launches()
             arguments = tuple([(prepared.buffers, prepared.scalars) for prepared in launches])
+
+            def node_launches() -> list[PreparedLaunch]:
+                return launches
+
         if any(prepared.fills for prepared in launches):
             if wanted is True:
                 raise UnsupportedOperation(
@@ -93,7 +101,7 @@ class Run:
             schedule,
             lambda: [
                 BackendGraphNode(prepared.loaded, prepared.config, after=after[position])
-                for position, prepared in enumerate(launches)
+                for position, prepared in enumerate(node_launches())
             ],
             lambda: kernels.streams_used,
             wanted=wanted,
@@ -106,7 +114,7 @@ class Run:
         stream = self.node_streams[0]
         kernels.track_stream(stream)
         backend.launch_graph_exec_trusted(graph, arguments, stream)
-        self.launches += len(launches)
+        self.launches += len(arguments)
         others = [each for each in self.used_streams if each is not stream]
         if others:  # the run's other streams end with the graph, as they would node by node
             end = backend.create_event()

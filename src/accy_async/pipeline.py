@@ -230,9 +230,10 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     resolved = resolve_program(program, request.runtime_scalar_arguments)
     if pool is not None:
         pool.accept(backend, program, fmt)
-        wanted = request.device_graph
-        if not pool.graphs.prepared and (
-            wanted is True or (wanted is None and seen_before and len(pool.entries) > 1)
+        if (
+            provided is not None
+            and not pool.graphs.prepared
+            and _as_graph(request, seen_before, len(pool.entries))
         ):
             await pool.graphs.prepare([entry.loaded for entry in pool.entries])
             pool.accept(backend, program, fmt)  # still open after the await
@@ -272,7 +273,7 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             )
             for stage_index in range(len(pool.launchers))
         )
-        as_graph = wanted is True or (wanted is None and len(arguments) > 1)
+        as_graph = _as_graph(request, seen_before, len(arguments))
         graph = pool.graph_for(resolved.configs, wanted) if as_graph else None
         if graph is not None:
             backend.launch_graph_exec_trusted(graph, arguments, stream)
@@ -404,6 +405,15 @@ def enqueue_checked(
             return
     for stage_index, launcher in enumerate(launchers):
         _launch_stage(launcher, resolution, stage_index, sources, stream)
+
+
+def _as_graph(request: PipelineLaunch, seen_before: bool, stage_count: int) -> bool:
+    """Whether a launch through a pool and scratch goes as one device graph.
+
+    ``True`` always; ``None`` for a request of several stages launched before.
+    """
+    wanted = request.device_graph
+    return wanted is True or (wanted is None and seen_before and stage_count > 1)
 
 
 def _check_open(pool: PipelineArtifactPool, intermediates: object) -> None:

@@ -160,9 +160,7 @@ def _table_kernel(kernel: Kernel) -> TableKernel | str:
     if not kernel.ptx:
         return "the kernel was loaded without PTX (a cubin, say)"
     try:
-        variant = table_variant(
-            kernel.ptx.rstrip(b"\0").decode(), kernel.name, kernel.argument_count
-        )
+        variant = table_variant(kernel.ptx.decode(), kernel.name, kernel.argument_count)
     except NoTableVariant as refusal:
         return str(refusal)
     d = driver()

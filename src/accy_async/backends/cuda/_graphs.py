@@ -231,14 +231,13 @@ def destroy_graph(built: CudaGraph) -> Any:
     The driver's result: the first that failed, else the last.
     """
     d = driver()
-    results = []
-    if built.order is not None:  # the last launch reading the table has ended: free it
-        results.append(d.cuEventSynchronize(built.order))
-    results += [d.cuGraphExecDestroy(built.exec), d.cuGraphDestroy(built.graph)]
-    if built.order is not None:
-        results.append(d.cuEventDestroy(built.order))
-    if built.table:
-        results.append(d.cuMemFree(built.table))
+    results = [d.cuGraphExecDestroy(built.exec), d.cuGraphDestroy(built.graph)]
+    if built.table:  # freed once the last launch that reads it has ended
+        results += [
+            d.cuEventSynchronize(built.order),
+            d.cuEventDestroy(built.order),
+            d.cuMemFree(built.table),
+        ]
     return next((result for result in results if int(result[0])), results[-1])
 
 

@@ -178,26 +178,24 @@ def _compile(
         (result,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
         log = _log(program)
         _check((result,), f"compiling {name}", log)
-        ptx = _ptx(program)
         if kind == "cubin":
             result, size = nvrtc.nvrtcGetCUBINSize(program)
             _check((result,), "sizing the cubin", log)
             image = b" " * size
             _check(nvrtc.nvrtcGetCUBIN(program, image), "reading the cubin", log)
+            ptx = _ptx(program)
         else:
-            if not ptx:  # say why
-                result, size = nvrtc.nvrtcGetPTXSize(program)
-                _check((result,), "sizing the PTX", log)
-                _check(nvrtc.nvrtcGetPTX(program, b" " * size), "reading the PTX", log)
-                raise CompilationError(f"NVRTC gave no PTX for {name}", log=log)
-            image = ptx
+            result, size = nvrtc.nvrtcGetPTXSize(program)
+            _check((result,), "sizing the PTX", log)
+            image = ptx = b" " * size
+            _check(nvrtc.nvrtcGetPTX(program, image), "reading the PTX", log)
         return CompiledImage(image, kind, arch_option.split("=", 1)[1], log, ptx)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
 
 def _ptx(program: Any) -> bytes:
-    """The program's PTX (NVRTC keeps it also when compiling a cubin), or nothing."""
+    """The PTX NVRTC keeps beside a cubin, or nothing (the cubin serves without it)."""
     nvrtc = _nvrtc()
     result, size = nvrtc.nvrtcGetPTXSize(program)
     if int(result) or size <= 1:
