@@ -279,3 +279,68 @@ async def test_a_loop_carries_its_buffer_through_each_iteration(
         await read_f32(backend, final), np.full(N, 3.0 + trips, np.float32)
     )
     destroy_bindings(backend, bindings)
+
+
+# ----- bindings checked once per set of binding objects -------------------------------------
+
+
+@pytest.mark.parametrize("device_graph", [False, True])
+async def test_a_relaunch_with_the_same_bindings_still_refuses_a_destroyed_buffer(
+    recording: accy.RecordingBackend, device_graph: bool
+) -> None:
+    """The binding checks are remembered per set of binding objects, and forgotten as soon as
+    any object of the backend is destroyed: the slot of the destroyed buffer is named."""
+    bindings = bind_all(recording, SIZES)
+    graph = diamond((0, 0, 1, 0))
+    async with await load_kernels(recording, chain_plan(recording)) as kernels:
+        for _ in range(2):  # the second run's checks are remembered
+            await (await launch_graph(kernels, bindings, graph, device_graph=device_graph)).wait()
+        launches = len(recording.launches)
+        gone = next(b for b in bindings if b.slot_id == 3)
+        recording.destroy(gone.binding.handle)
+        with pytest.raises(accy.InvalidBuffer, match="not a live buffer") as raised:
+            await launch_graph(kernels, bindings, graph, device_graph=device_graph)
+        assert raised.value.path == "$.slot_bindings[3]"
+        assert len(recording.launches) == launches  # nothing enqueued
+        fresh = SlotBinding(3, recording.allocate_buffer(SIZES[3]).bind())
+        rebound = [fresh if b.slot_id == 3 else b for b in bindings]
+        await (await launch_graph(kernels, rebound, graph, device_graph=device_graph)).wait()
+        assert len(recording.launches) == launches + 4
+    destroy_bindings(recording, rebound)
+
+
+@pytest.mark.parametrize("device_graph", [False, None])
+async def test_a_relaunch_through_unloaded_kernels_is_refused(
+    recording: accy.RecordingBackend, device_graph: bool | None
+) -> None:
+    bindings = bind_all(recording, SIZES)
+    graph = diamond((None, None, None, None))
+    kernels = await load_kernels(recording, chain_plan(recording))
+    for _ in range(2):
+        await (await launch_graph(kernels, bindings, graph, device_graph=device_graph)).wait()
+    launches = len(recording.launches)
+    recording.destroy(kernels.loaded[2])
+    with pytest.raises(accy.InvalidArtifact, match=r"not loaded|not a live artifact"):
+        await launch_graph(kernels, bindings, graph, device_graph=device_graph)
+    assert len(recording.launches) == launches
+    await accy.wait_stream(recording)
+    recording.destroy_all(kernels.device_graphs.take_all())
+    recording.destroy_all([each for i, each in enumerate(kernels.loaded) if i != 2])
+    destroy_bindings(recording, bindings)
+
+
+async def test_a_binding_gives_the_same_view_for_an_access_mode_each_time(
+    recording: accy.RecordingBackend,
+) -> None:
+    buffer = recording.allocate_buffer(64)
+    binding = buffer.bind(offset=16)
+    view = binding.with_access("read_only")
+    assert view is binding.with_access("read_only") and view is not binding
+    assert (view.access, view.offset, view.byte_size, view.address) == (
+        "read_only",
+        16,
+        48,
+        binding.address,
+    )
+    assert binding.with_access("read_write") is binding
+    recording.destroy(buffer)

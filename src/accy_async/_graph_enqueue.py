@@ -15,6 +15,7 @@ from typing import Final
 from ._graph_run import GraphRun
 from ._graph_schedule import Schedule
 from ._loops import checkpoint
+from ._prepared_launch import GraphTemplates, LaunchTemplate
 from .backends import Backend, BufferBinding, DeviceObject, EventHandle, StreamHandle
 from .backends import GraphNode as BackendGraphNode
 from .errors import InvalidBuffer, UnsupportedOperation
@@ -29,13 +30,20 @@ _YIELD_EVERY: Final = 256
 
 
 class Run:
-    """One launch of a graph: the enqueue loops and what they produce."""
+    """One launch of a graph: the enqueue loops and what they produce.
+
+    ``templates`` are the schedule's distinct launches and ``buffers`` each
+    one's buffers for this run (bound and checked by ``templates.bind``); the eager paths
+    pack them into :class:`PreparedLaunch` objects (:meth:`pack`), the device
+    graph only reads them.
+    """
 
     def __init__(
         self,
         kernels: LoadedKernels,
         schedule: Schedule,
-        prepared: list[PreparedLaunch],
+        templates: GraphTemplates,
+        buffers: Sequence[tuple[BufferBinding, ...]],
         slots: Mapping[int, BufferBinding],
         counts: Mapping[int, BufferBinding],
         stream_handles: Sequence[StreamHandle],
@@ -46,72 +54,81 @@ class Run:
         self.kernels = kernels
         self.backend: Backend = kernels.backend
         self.schedule = schedule
-        self.prepared = prepared
+        self.templates = templates.templates
+        self.fills = templates.fills
+        self.buffers = buffers
+        self.prepared: list[PreparedLaunch] = []
+        """Each distinct launch packed for trusted enqueues (by :meth:`pack`, eager paths)."""
         self.slots = slots
         self.counts = counts
         self.events = events
         self.owned = owned
-        graph = schedule.graph
-        default = default_stream
-        self.node_streams: list[StreamHandle | None] = [
-            default if node.stream is None else stream_handles[node.stream] for node in graph.nodes
+        self.key_streams: list[StreamHandle | None] = [
+            default_stream if key is None else stream_handles[key] for key in schedule.stream_keys
         ]
+        """The stream of each of the schedule's ``stream_keys``."""
         self.used_streams: list[StreamHandle | None] = list(
-            {id(s): s for s in self.node_streams}.values()
+            {id(s): s for s in self.key_streams}.values()
         )
         self.dependency_events: dict[int, EventHandle] = {}
         self.launches = 0
+
+    def node_stream(self, index: int) -> StreamHandle | None:
+        """The stream node ``index`` runs on."""
+        return self.key_streams[self.schedule.node_stream[index]]
 
     # ----- one device graph ----------------------------------------------------------------
 
     def enqueue_as_device_graph(self, wanted: bool | None) -> bool:
         """Enqueue the whole run as one device graph.
 
-        ``False`` (nothing enqueued, every launch packed for the eager path)
-        where it cannot be one and ``wanted`` is not ``True``.
+        ``False`` (nothing enqueued) where it cannot be one and ``wanted`` is
+        not ``True``; the caller then packs and enqueues node by node.
         """
         schedule = self.schedule
+        templates = self.templates
         unrolled_variant = schedule.unrolled_variant
         if unrolled_variant is not None:  # every launch is one of the variants, each used
-            distinct = self.prepared
-            pairs = [(prepared.buffers, prepared.scalars) for prepared in distinct]
-            arguments = tuple([pairs[variant] for variant in unrolled_variant])
-            launches = distinct  # what the checks below read; the nodes, only to make a graph
+            pairs = [
+                (buffers, template.scalars)
+                for template, buffers in zip(templates, self.buffers, strict=True)
+            ]
+            arguments = tuple(map(pairs.__getitem__, unrolled_variant))
+            fills = self.fills
 
-            def node_launches() -> list[PreparedLaunch]:
-                return [distinct[variant] for variant in unrolled_variant]
+            def node_templates() -> list[LaunchTemplate]:
+                return list(map(templates.__getitem__, unrolled_variant))
 
         else:
             launches = self._unrolled_launches()
-            arguments = tuple([(prepared.buffers, prepared.scalars) for prepared in launches])
+            arguments = tuple([(buffers, template.scalars) for template, buffers in launches])
+            fills = any(template.fills for template, _ in launches)
 
-            def node_launches() -> list[PreparedLaunch]:
-                return launches
+            def node_templates() -> list[LaunchTemplate]:
+                return [template for template, _ in launches]
 
-        if any(prepared.fills for prepared in launches):
+        if fills:
             if wanted is True:
                 raise UnsupportedOperation(
                     "this launch graph cannot run as one device graph: a kernel fills scratch"
                 )
-            self.pack()
             return False
         kernels = self.kernels
         after = schedule.unrolled_after
         graph = kernels.device_graphs.get(
             schedule,
             lambda: [
-                BackendGraphNode(prepared.loaded, prepared.config, after=after[position])
-                for position, prepared in enumerate(node_launches())
+                BackendGraphNode(template.loaded, template.config, after=after[position])
+                for position, template in enumerate(node_templates())
             ],
             lambda: kernels.streams_used,
             wanted=wanted,
             what="the launch graph",
         )
         if graph is None:
-            self.pack()
             return False
         backend = self.backend
-        stream = self.node_streams[0]
+        stream = self.node_stream(0)
         kernels.track_stream(stream)
         backend.launch_graph_exec_trusted(graph, arguments, stream)
         self.launches += len(arguments)
@@ -124,7 +141,7 @@ class Run:
                 backend.wait_event(other, end)
         return True
 
-    def _unrolled_launches(self) -> list[PreparedLaunch]:
+    def _unrolled_launches(self) -> list[tuple[LaunchTemplate, tuple[BufferBinding, ...]]]:
         """Every launch in enqueue order, carried slots alternating by iteration."""
         schedule = self.schedule
         loops = {loop.first_node_index: loop for loop in schedule.graph.loops if loop.carries}
@@ -132,23 +149,25 @@ class Run:
         for loop in loops.values():
             for member in range(loop.first_node_index, loop.first_node_index + loop.node_count):
                 loop_of[member] = loop
-        variants = {first: self._loop_variants(loop, pack=False) for first, loop in loops.items()}
-        launches: list[PreparedLaunch] = []
+        variants = {first: self._loop_variants(loop) for first, loop in loops.items()}
+        templates, buffers = self.templates, self.buffers
+        launches: list[tuple[LaunchTemplate, tuple[BufferBinding, ...]]] = []
         for index, iteration in schedule.unrolled:
             carrying = loop_of.get(index)
             if carrying is not None and iteration >= 0:
-                prepared = variants[carrying.first_node_index][iteration % 2]
-                launches.append(prepared[index - carrying.first_node_index])
+                bound = variants[carrying.first_node_index][iteration % 2]
+                launches.append(bound[index - carrying.first_node_index])
             else:
-                launches.append(self.prepared[schedule.node_variant[index]])
+                variant = schedule.node_variant[index]
+                launches.append((templates[variant], buffers[variant]))
         return launches
 
     def pack(self) -> None:
-        """Pack each distinct launch for trusted enqueues (the graph path leaves them unpacked)."""
-        kernels = self.kernels
-        for index, prepared in enumerate(self.prepared):
-            if prepared.arguments is None:
-                self.prepared[index] = kernels.repack(prepared)
+        """Pack each distinct launch for trusted enqueues (the eager paths)."""
+        self.prepared = [
+            template.with_buffers(buffers, pack=True)
+            for template, buffers in zip(self.templates, self.buffers, strict=True)
+        ]
 
     # ----- host order ----------------------------------------------------------------------
 
@@ -172,7 +191,15 @@ class Run:
         if loop.trip_count == 0:
             return
         first, end = loop.first_node_index, loop.first_node_index + loop.node_count
-        variants = self._loop_variants(loop)
+        if loop.carries:
+            even, odd = self._loop_variants(loop)
+            variants = (
+                [template.with_buffers(buffers, pack=True) for template, buffers in even],
+                [template.with_buffers(buffers, pack=True) for template, buffers in odd],
+            )
+        else:
+            same = [self.prepared[self.schedule.node_variant[i]] for i in range(first, end)]
+            variants = (same, same)
         for iteration in range(loop.trip_count):
             prepared = variants[iteration % 2]
             for index in range(first, end):
@@ -181,14 +208,15 @@ class Run:
                     await checkpoint()
 
     def _loop_variants(
-        self, loop: GraphLoop, *, pack: bool = True
-    ) -> tuple[list[PreparedLaunch], list[PreparedLaunch]]:
-        """The loop's launches for even and odd iterations (carried slots swapped)."""
+        self, loop: GraphLoop
+    ) -> tuple[
+        list[tuple[LaunchTemplate, tuple[BufferBinding, ...]]],
+        list[tuple[LaunchTemplate, tuple[BufferBinding, ...]]],
+    ]:
+        """A carrying loop's launches for even and odd iterations (carried slots swapped)."""
         first, end = loop.first_node_index, loop.first_node_index + loop.node_count
-        if not loop.carries:
-            same = [self.prepared[self.schedule.node_variant[i]] for i in range(first, end)]
-            return same, same
         result = []
+        kernels = self.kernels
         for parity in (0, 1):
             remapped = dict(self.slots)
             for carry in loop.carries:
@@ -197,20 +225,12 @@ class Run:
                 read, write = (initial, output) if parity == 0 else (output, initial)
                 remapped[carry.input_slot_id] = read.with_access("read_write")
                 remapped[carry.output_slot_id] = write.with_access("read_write")
-            kernel_ids = self.kernels.kernel_ids
-            variant = [
-                self.kernels.prepare_launch(
-                    node.kernel_index,
-                    remapped,
-                    self.counts.get(kernel_ids[node.kernel_index]),
-                    tuning=node.tuning,
-                    runtime_scalar_arguments=node.runtime_scalar_arguments,
-                    pack=pack,
-                )
-                for node in self.schedule.graph.nodes[first:end]
-            ]
-            for prepared in variant:
-                self.kernels.check_live(prepared)
+            variant = []
+            for index in range(first, end):
+                template = self.templates[self.schedule.node_variant[index]]
+                buffers = template.buffers(remapped, self.counts.get(template.kernel_id))
+                kernels.check_bound(template.loaded, buffers)
+                variant.append((template, buffers))
             result.append(variant)
         return result[0], result[1]
 
@@ -232,15 +252,14 @@ class Run:
         prepared = self.prepared
         variant = schedule.node_variant
         cross_waits = schedule.cross_waits
-        node_streams = self.node_streams
-        for index in range(len(node_streams)):
+        for index in range(len(variant)):
             waits = cross_waits[index]
             self._enqueue_node(
                 index, prepared[variant[index]], [events[p] for p in waits] if waits else ()
             )
             event = events.get(index)
             if event is not None:
-                backend.record_event(event, node_streams[index])
+                backend.record_event(event, self.node_stream(index))
             if not self.launches % _YIELD_EVERY:
                 await checkpoint()
 
@@ -255,7 +274,7 @@ class Run:
             dependency_waits = [*dependency_waits, *(events[i] for i in node.wait_events)]
         signal = None if node.signal_event is None else events[node.signal_event]
         self.kernels.enqueue(
-            prepared, self.node_streams[index], dependency_waits, signal, trusted=True
+            prepared, self.node_stream(index), dependency_waits, signal, trusted=True
         )
         self.launches += 1
 
@@ -267,12 +286,11 @@ class Run:
             latch = CompletionLatch()
             backend.notify_when_stream_complete(stream, latch)
             tails[id(stream)] = latch
-        node_tails = [tails[id(stream)] for stream in self.node_streams]
         return GraphRun(
             backend,
             self.schedule,
             list(tails.values()),
-            node_tails,
+            [tails[id(stream)] for stream in self.key_streams],
             self.dependency_events,
             self.launches,
         )

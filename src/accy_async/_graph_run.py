@@ -67,21 +67,29 @@ class GraphRun:
     finished with them.
     """
 
-    __slots__ = ("_backend", "_events", "_node_tails", "_schedule", "_tails", "enqueued_launches")
+    __slots__ = (
+        "_backend",
+        "_events",
+        "_schedule",
+        "_stream_tails",
+        "_tails",
+        "enqueued_launches",
+    )
 
     def __init__(
         self,
         backend: Backend | None = None,
         schedule: Schedule | None = None,
         tails: Sequence[CompletionLatch] = (),
-        node_tails: Sequence[CompletionLatch] = (),
+        stream_tails: Sequence[CompletionLatch] = (),
         events: Mapping[int, EventHandle] | None = None,
         enqueued_launches: int = 0,
     ) -> None:
         self._backend = backend
         self._schedule = schedule
         self._tails = tuple(tails)
-        self._node_tails = tuple(node_tails)
+        self._stream_tails = stream_tails
+        """The end of each of the schedule's streams (by ``stream_keys`` position)."""
         self._events = events or {}
         self.enqueued_launches = enqueued_launches
         """How many kernel launches the run enqueued (loops counted per iteration)."""
@@ -104,7 +112,8 @@ class GraphRun:
             raise IndexError(f"node {index} does not exist: the run has no nodes")
         producer = self._schedule.completion_producer[index]
         event = self._events.get(producer) if producer >= 0 else None
-        return NodeCompletion(index, self._backend, event, self._node_tails[index])
+        tail = self._stream_tails[self._schedule.node_stream[index]]
+        return NodeCompletion(index, self._backend, event, tail)
 
     async def __aenter__(self) -> GraphRun:
         return self

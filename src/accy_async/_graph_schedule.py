@@ -52,6 +52,10 @@ class Schedule:
     unrolled_variant: tuple[int, ...] | None
     """Per launch of ``unrolled``, its variant; ``None`` where a loop carries slots (its
     launches alternate between two bindings, not one variant)."""
+    stream_keys: tuple[int | None, ...]
+    """The graph's distinct node streams (``None``: the default), first use first."""
+    node_stream: tuple[int, ...]
+    """Per node, its stream's position in ``stream_keys``."""
 
 
 _schedules: IdentityCache[Schedule] = IdentityCache(64)
@@ -89,6 +93,8 @@ def schedule_of(graph: LaunchGraphPlan, plan: ArtifactPlan) -> Schedule:
             following[nodes[index].stream] = index
         completion_producer[index] = following.get(nodes[index].stream, -1)
     unrolled, unrolled_after = _unroll(graph, uses_events, cross)
+    stream_keys = list(dict.fromkeys(node.stream for node in nodes))
+    key_position = {key: position for position, key in enumerate(stream_keys)}
     refusal = None
     if any(node.wait_events or node.signal_event is not None for node in nodes):
         refusal = "its nodes wait for or signal the caller's events"
@@ -110,6 +116,8 @@ def schedule_of(graph: LaunchGraphPlan, plan: ArtifactPlan) -> Schedule:
             if any(loop.carries for loop in graph.loops)
             else tuple(node_variant[index] for index, _ in unrolled)
         ),
+        stream_keys=tuple(stream_keys),
+        node_stream=tuple(key_position[node.stream] for node in nodes),
     )
     return _schedules.put((graph, plan), schedule)
 

@@ -76,7 +76,4 @@ class CandidateBenchmarkOptions:
 
 def slot_map(slot_bindings: Sequence[SlotBinding]) -> dict[int, BufferBinding]:
     """``slot_id -> binding``; the first binding of a slot wins, as in the seed's lookup."""
-    slots: dict[int, BufferBinding] = {}
-    for slot_binding in slot_bindings:
-        slots.setdefault(slot_binding.slot_id, slot_binding.binding)
-    return slots
+    return {each.slot_id: each.binding for each in reversed(slot_bindings)}

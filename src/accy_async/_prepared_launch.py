@@ -1,12 +1,15 @@
 """One launch of a loaded kernel, resolved: :class:`PreparedLaunch` and what makes it.
 
-:func:`prepare` binds the kernel's output slot, its input slots and its
-element-count buffer, plans the fills of the output (and a scratch input) with
-the plan's pattern, puts together the element count, the runtime scalars
-(given or the plan's defaults) and the static arguments, checks them against
-the artifact, and picks the geometry from the kernel's derived launch rule or
-its tuned candidate. :func:`fill` runs one planned fill.
-:meth:`~accy_async.kernels.LoadedKernels.prepare_launch` calls :func:`prepare`;
+:func:`template` works out all of a launch but its buffers, once: the slot
+each buffer argument binds (output, inputs, element-count buffer) and its
+access, the fills of the output (and a scratch input) with the plan's pattern,
+the element count, the runtime scalars (given or the plan's defaults) and the
+static arguments checked against the artifact, and the geometry from the
+kernel's derived launch rule or its tuned candidate. The
+:class:`LaunchTemplate` it returns binds each call's slots
+(:meth:`LaunchTemplate.bind`) into a :class:`PreparedLaunch`; a launch graph
+keeps one per distinct launch. :func:`fill` runs one planned fill.
+:meth:`~accy_async.kernels.LoadedKernels.prepare_launch` makes and binds one;
 :mod:`accy_async.kernels` re-exports :class:`PreparedLaunch`.
 """
 
@@ -38,7 +41,14 @@ from .plan import (
     Slot,
 )
 
-__all__ = ["PreparedLaunch", "config_of", "fill", "prepare"]
+__all__ = [
+    "GraphTemplates",
+    "LaunchTemplate",
+    "PreparedLaunch",
+    "config_of",
+    "fill",
+    "template",
+]
 
 _MAX_FALLBACK_FILL_BYTES: Final = 4096
 """Largest slot filled by writing the pattern when the backend cannot fill (the seed's 4096)."""
@@ -70,72 +80,222 @@ class PreparedLaunch:
     """``buffers`` and ``scalars`` as ``launcher.prepare`` packed them (``pack=True``)."""
 
 
-def prepare(
+class LaunchTemplate:
+    """A launch of a planned kernel resolved as far as it goes without buffers.
+
+    Made (and checked) once by :func:`template`: which slot each buffer argument
+    binds and with which access, the fills, the scalars and the geometry. Each
+    call binds it to its slots with :meth:`bind` (or :meth:`buffers`), which
+    only looks the slots up: a launch graph's runs resolve nothing else again.
+    """
+
+    __slots__ = (
+        "buffer_slots",
+        "config",
+        "diagnostic_id",
+        "fills",
+        "kernel_id",
+        "launcher",
+        "loaded",
+        "reads_count_buffer",
+        "scalars",
+    )
+
+    def __init__(
+        self,
+        kernel_id: int,
+        loaded: LoadedArtifact,
+        launcher: StageLauncher,
+        buffer_slots: tuple[tuple[int, Access], ...],
+        reads_count_buffer: bool,
+        fills: tuple[tuple[int, int, int], ...],
+        scalars: tuple[ScalarArgument, ...],
+        config: LaunchConfig,
+        diagnostic_id: str | None,
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.loaded = loaded
+        self.launcher = launcher
+        self.buffer_slots = buffer_slots
+        """``(slot id, access)`` of each buffer argument, in order (the count buffer after)."""
+        self.reads_count_buffer = reads_count_buffer
+        """Whether the kernel's last buffer is its element-count buffer."""
+        self.fills = fills
+        """``(buffer position, pattern, slot byte size)`` to fill before each launch."""
+        self.scalars = scalars
+        self.config = config
+        self.diagnostic_id = diagnostic_id
+
+    def buffers(
+        self, slots: Mapping[int, BufferBinding], element_count_buffer: BufferBinding | None
+    ) -> tuple[BufferBinding, ...]:
+        """The buffer arguments bound to ``slots``.
+
+        Raises :class:`InvalidBuffer` for a slot with no binding and
+        :class:`LaunchArgumentMismatch` for a missing element-count buffer.
+        """
+        try:
+            bound = [slots[slot_id].with_access(access) for slot_id, access in self.buffer_slots]
+        except KeyError:
+            missing = next(slot_id for slot_id, _ in self.buffer_slots if slot_id not in slots)
+            raise InvalidBuffer(f"slot {missing} has no buffer bound") from None
+        if self.reads_count_buffer:
+            if element_count_buffer is None:
+                raise LaunchArgumentMismatch(
+                    f"kernel {self.kernel_id} reads its element count from a buffer, "
+                    "and none was given"
+                )
+            bound.append(element_count_buffer.with_access("read_only"))
+        return tuple(bound)
+
+    def bind(
+        self,
+        slots: Mapping[int, BufferBinding],
+        element_count_buffer: BufferBinding | None,
+        *,
+        pack: bool,
+    ) -> PreparedLaunch:
+        """The launch bound to ``slots``; its arguments packed by the launcher when ``pack``."""
+        return self.with_buffers(self.buffers(slots, element_count_buffer), pack=pack)
+
+    def with_buffers(self, buffers: tuple[BufferBinding, ...], *, pack: bool) -> PreparedLaunch:
+        """The launch with ``buffers`` (from :meth:`buffers`) as its buffer arguments."""
+        scalars = self.scalars
+        return PreparedLaunch(
+            loaded=self.loaded,
+            buffers=buffers,
+            scalars=scalars,
+            config=self.config,
+            fills=tuple([(buffers[at], pattern, size) for at, pattern, size in self.fills]),
+            diagnostic_id=self.diagnostic_id,
+            launcher=self.launcher,
+            arguments=self.launcher.prepare(buffers, scalars) if pack else None,
+        )
+
+
+class GraphTemplates:
+    """The templates of a launch graph's distinct launches, and the checks of their bindings.
+
+    Binding checks are remembered: a run whose slots bind the very binding
+    objects of the last checked run, with no object of the backend destroyed
+    since (:attr:`~accy_async.backends.Backend.removals`), is not checked again.
+    """
+
+    __slots__ = (
+        "_checked",
+        "_checked_at",
+        "_loaded_checked_at",
+        "count_ids",
+        "fills",
+        "loaded",
+        "slot_ids",
+        "templates",
+    )
+
+    def __init__(self, templates: Sequence[LaunchTemplate]) -> None:
+        self.templates = tuple(templates)
+        self.slot_ids = tuple(
+            dict.fromkeys(slot_id for each in templates for slot_id, _ in each.buffer_slots)
+        )
+        """Every slot the launches bind, once each."""
+        self.count_ids = tuple(
+            dict.fromkeys(each.kernel_id for each in templates if each.reads_count_buffer)
+        )
+        """The kernels whose element-count buffer a launch binds."""
+        self.loaded = tuple({id(each.loaded): each.loaded for each in templates}.values())
+        self.fills = any(each.fills for each in templates)
+        """Whether a launch fills a buffer first (such a graph runs node by node)."""
+        self._checked: list[BufferBinding] | None = None
+        self._checked_at = -1
+        self._loaded_checked_at = -1
+
+    def bind(
+        self,
+        backend: Backend,
+        slots: Mapping[int, BufferBinding],
+        counts: Mapping[int, BufferBinding],
+    ) -> list[tuple[BufferBinding, ...]]:
+        """Each launch's buffers, bound to ``slots`` and ``counts`` (by kernel id).
+
+        Raises :class:`InvalidBuffer` for a slot with no binding or a binding
+        that is not a live buffer of ``backend`` (the error's path names the
+        slot), :class:`InvalidArtifact` for a kernel no longer loaded.
+        """
+        buffers = [each.buffers(slots, counts.get(each.kernel_id)) for each in self.templates]
+        bound = [slots[slot_id] for slot_id in self.slot_ids]  # all bound: buffers() saw them
+        bound.extend([counts[kernel_id] for kernel_id in self.count_ids])
+        removals = backend.removals
+        if removals != self._loaded_checked_at:
+            for loaded in self.loaded:
+                if not backend.owns(loaded):
+                    raise InvalidArtifact(f"{loaded!r} is not loaded on this backend")
+            self._loaded_checked_at = removals
+        if removals != self._checked_at or bound != self._checked:
+            self._checked = None
+            try:
+                backend.check_bindings(bound)
+            except InvalidBuffer:
+                names = [f"$.slot_bindings[{slot_id}]" for slot_id in self.slot_ids]
+                names += [f"$.element_count_buffers[{kernel_id}]" for kernel_id in self.count_ids]
+                for name, binding in zip(names, bound, strict=True):
+                    try:
+                        backend.check_bindings((binding,))
+                    except InvalidBuffer as exc:  # the same error, naming the slot
+                        raise InvalidBuffer(exc.message, path=name) from None
+                raise
+            self._checked, self._checked_at = bound, removals
+        return buffers
+
+
+def template(
     planned: PlannedKernel,
     plan: ArtifactPlan,
     plan_slots: Mapping[int, Slot] | None,
     loaded: LoadedArtifact,
     launcher: StageLauncher,
-    slots: Mapping[int, BufferBinding],
-    element_count_buffer: BufferBinding | None,
     *,
     tuning: LaunchTuning,
     runtime_scalar_arguments: Sequence[ScalarArgument],
-    pack: bool,
-) -> PreparedLaunch:
-    """Resolve bindings, fills, scalars and geometry of one launch of ``planned``.
+) -> LaunchTemplate:
+    """Check and resolve what a launch of ``planned`` needs besides its buffers.
 
-    ``plan`` is the plan ``planned`` comes from; ``plan_slots`` its slots by id,
-    when the caller has them at hand (else they are looked up in ``plan``);
-    ``loaded`` the loaded kernel and ``launcher`` its bound launcher, which packs
-    the arguments when ``pack``.
+    Raises what a bad plan or bad scalars raise (:class:`InvalidArtifact`,
+    :class:`UnsupportedOperation` for an unfillable slot,
+    :class:`LaunchArgumentMismatch`), before any buffer is looked at.
     """
-    buffers: list[BufferBinding] = []
-    fills: list[tuple[BufferBinding, int, int]] = []
-    output = _binding_for_slot(slots, planned.output_slot_id, _output_access(planned))
+    buffer_slots: list[tuple[int, Access]] = [(planned.output_slot_id, _output_access(planned))]
+    fills: list[tuple[int, int, int]] = []
     if planned.output_fill_pattern is not None:
-        fills.append(
-            _fill_plan(
-                plan, plan_slots, planned.output_slot_id, output, planned.output_fill_pattern
-            )
-        )
-    buffers.append(output)
+        size = _fill_size(plan, plan_slots, planned.output_slot_id)
+        fills.append((0, planned.output_fill_pattern, size))
     last_input = len(planned.input_slot_ids) - 1
     for input_index, slot_id in enumerate(planned.input_slot_ids):
         scratch = planned.scratch_fill_pattern is not None and input_index == last_input
-        binding = _binding_for_slot(slots, slot_id, "read_write" if scratch else "read_only")
+        buffer_slots.append((slot_id, "read_write" if scratch else "read_only"))
         if scratch:
             assert planned.scratch_fill_pattern is not None
-            fills.append(
-                _fill_plan(plan, plan_slots, slot_id, binding, planned.scratch_fill_pattern)
-            )
-        buffers.append(binding)
-    if planned.element_count_argument == "device_buffer_u32":
-        if element_count_buffer is None:
-            raise LaunchArgumentMismatch(
-                f"kernel {planned.kernel_id} reads its element count from a buffer, "
-                "and none was given"
-            )
-        buffers.append(element_count_buffer.with_access("read_only"))
-
+            size = _fill_size(plan, plan_slots, slot_id)
+            fills.append((len(buffer_slots) - 1, planned.scratch_fill_pattern, size))
+    reads_count_buffer = planned.element_count_argument == "device_buffer_u32"
+    buffer_count = len(buffer_slots) + reads_count_buffer
     runtime = _runtime_scalars(planned, runtime_scalar_arguments)
     scalars: list[ScalarArgument] = []
     if planned.element_count_argument == "scalar_u32":
         scalars.append(U32(planned.element_count_argument_value))
     scalars.extend(runtime)
     scalars.extend(planned.static_arguments)
-    if len(buffers) > MAX_LAUNCH_ARGUMENTS or len(scalars) > MAX_LAUNCH_ARGUMENTS:
+    if buffer_count > MAX_LAUNCH_ARGUMENTS or len(scalars) > MAX_LAUNCH_ARGUMENTS:
         raise LaunchArgumentMismatch(
-            f"kernel {planned.kernel_id} would take {len(buffers)} buffers and "
+            f"kernel {planned.kernel_id} would take {buffer_count} buffers and "
             f"{len(scalars)} scalars; the limit is {MAX_LAUNCH_ARGUMENTS} each"
         )
     artifact = loaded.artifact
-    if (len(buffers), len(scalars)) != (
+    if (buffer_count, len(scalars)) != (
         artifact.buffer_argument_count,
         artifact.scalar_argument_count,
     ):
         raise LaunchArgumentMismatch(
-            f"kernel {planned.kernel_id} binds {len(buffers)} buffers and {len(scalars)} "
+            f"kernel {planned.kernel_id} binds {buffer_count} buffers and {len(scalars)} "
             f"scalars, but its artifact {artifact.spec.kernel_name} takes "
             f"{artifact.buffer_argument_count} and {artifact.scalar_argument_count}"
         )
@@ -145,25 +305,21 @@ def prepare(
     else:
         geometry = planned.candidate_geometry(tuning)
         config = config_of(geometry.grid, geometry.block, geometry.shared_memory_bytes)
-    return PreparedLaunch(
-        loaded=loaded,
-        buffers=tuple(buffers),
-        scalars=tuple(scalars),
-        config=config,
-        fills=tuple(fills),
-        diagnostic_id=planned.artifact.diagnostic_id,
-        launcher=launcher,
-        arguments=launcher.prepare(buffers, scalars) if pack else None,
+    return LaunchTemplate(
+        planned.kernel_id,
+        loaded,
+        launcher,
+        tuple(buffer_slots),
+        reads_count_buffer,
+        tuple(fills),
+        tuple(scalars),
+        config,
+        planned.artifact.diagnostic_id,
     )
 
 
-def _fill_plan(
-    plan: ArtifactPlan,
-    plan_slots: Mapping[int, Slot] | None,
-    slot_id: int,
-    binding: BufferBinding,
-    pattern: int,
-) -> tuple[BufferBinding, int, int]:
+def _fill_size(plan: ArtifactPlan, plan_slots: Mapping[int, Slot] | None, slot_id: int) -> int:
+    """The byte size of slot ``slot_id`` for a 32-bit fill pattern (checked)."""
     slot = plan_slots.get(slot_id) if plan_slots is not None else plan.slot_by_id(slot_id)
     if slot is None:
         raise InvalidArtifact(f"slot {slot_id} is not a slot of the plan")
@@ -174,16 +330,7 @@ def _fill_plan(
         raise InvalidArtifact(
             f"slot {slot_id} of {byte_size} bytes cannot take a 32-bit fill pattern"
         )
-    return binding, pattern, byte_size
-
-
-def _binding_for_slot(
-    slots: Mapping[int, BufferBinding], slot_id: int, access: Access
-) -> BufferBinding:
-    binding = slots.get(slot_id)
-    if binding is None:
-        raise InvalidBuffer(f"slot {slot_id} has no buffer bound")
-    return binding.with_access(access)
+    return byte_size
 
 
 def _output_access(planned: PlannedKernel) -> Access:

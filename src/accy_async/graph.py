@@ -130,19 +130,8 @@ async def launch_graph(
         await kernels.device_graphs.prepare(kernels.loaded)
     slots = slot_bindings if isinstance(slot_bindings, Mapping) else slot_map(slot_bindings)
     counts = {entry.kernel_id: entry.binding for entry in element_count_buffers}
-    prepared = [
-        kernels.prepare_launch(
-            kernel_index,
-            slots,
-            counts.get(kernels.kernel_ids[kernel_index]),
-            tuning=node.tuning,
-            runtime_scalar_arguments=node.runtime_scalar_arguments,
-            pack=not as_graph,
-        )
-        for kernel_index, node in schedule.variants
-    ]
-    for each in prepared:
-        kernels.check_live(each)
+    templates = kernels.graph_templates(schedule)
+    buffers = templates.bind(backend, slots, counts)
     for event in events:
         if not backend.owns(event):
             raise InvalidBuffer(f"{event!r} is not a live event of this backend")
@@ -157,7 +146,8 @@ async def launch_graph(
         run = Run(
             kernels,
             schedule,
-            prepared,
+            templates,
+            buffers,
             slots,
             counts,
             stream_handles,

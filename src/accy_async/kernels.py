@@ -25,7 +25,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
+from ._cache import IdentityCache
 from ._graph_cache import GraphCache
+from ._graph_schedule import Schedule
 from ._launch_arguments import (
     CandidateBenchmarkOptions,
     CandidateSynchronization,
@@ -35,7 +37,14 @@ from ._launch_arguments import (
     slot_map,
 )
 from ._loops import checkpoint
-from ._prepared_launch import PreparedLaunch, config_of, fill, prepare
+from ._prepared_launch import (
+    GraphTemplates,
+    LaunchTemplate,
+    PreparedLaunch,
+    config_of,
+    fill,
+    template,
+)
 from .backends import (
     Backend,
     BufferBinding,
@@ -120,6 +129,7 @@ class LoadedKernels:
         self.device_graphs = GraphCache(backend)
         """Launch graphs run through these kernels as one device graph, by schedule."""
         self._launched_before: OrderedDict[int, object] = OrderedDict()
+        self._graph_templates: IdentityCache[GraphTemplates] = IdentityCache(64)
 
     def launched_before(self, key: object) -> bool:
         """Whether ``key`` (a launch graph's schedule) was launched through these kernels.
@@ -235,20 +245,58 @@ class LoadedKernels:
         the backend packs its arguments for trusted launches) and enqueues it
         many times; :meth:`launch_kernel` prepares and enqueues.
         """
+        return self.launch_template(
+            kernel_index,
+            tuning=tuning,
+            runtime_scalar_arguments=runtime_scalar_arguments,
+            artifact_plan=artifact_plan,
+        ).bind(slots, element_count_buffer, pack=pack)
+
+    def launch_template(
+        self,
+        kernel_index: int,
+        *,
+        tuning: LaunchTuning = NO_TUNING,
+        runtime_scalar_arguments: Sequence[ScalarArgument] = (),
+        artifact_plan: ArtifactPlan | None = None,
+    ) -> LaunchTemplate:
+        """What :meth:`prepare_launch` resolves besides the bindings, checked.
+
+        See :class:`~accy_async._prepared_launch.LaunchTemplate`.
+        """
         planned = self._planned(kernel_index, artifact_plan)
         plan = artifact_plan or self.artifact_plan
-        return prepare(
+        return template(
             planned,
             plan,
             self._slots if plan is self.artifact_plan else None,
             self.loaded[kernel_index],
             self._launchers[kernel_index],
-            slots,
-            element_count_buffer,
             tuning=tuning,
             runtime_scalar_arguments=runtime_scalar_arguments,
-            pack=pack,
         )
+
+    def graph_templates(self, schedule: Schedule) -> GraphTemplates:
+        """The template of each distinct launch of ``schedule`` (its variants), made once.
+
+        Kept for the most recent launch graphs run through these kernels.
+        """
+        templates = self._graph_templates.get((schedule,))
+        if templates is None:
+            templates = self._graph_templates.put(
+                (schedule,),
+                GraphTemplates(
+                    [
+                        self.launch_template(
+                            kernel_index,
+                            tuning=node.tuning,
+                            runtime_scalar_arguments=node.runtime_scalar_arguments,
+                        )
+                        for kernel_index, node in schedule.variants
+                    ]
+                ),
+            )
+        return templates
 
     def enqueue(
         self,
@@ -301,9 +349,16 @@ class LoadedKernels:
 
     def check_live(self, prepared: PreparedLaunch) -> None:
         """Raise :class:`InvalidBuffer` unless every buffer of ``prepared`` is live here."""
-        if not self.backend.owns(prepared.loaded):
-            raise InvalidArtifact(f"{prepared.loaded!r} is not loaded on this backend")
-        self.backend.check_bindings(prepared.buffers, "$.buffers")
+        self.check_bound(prepared.loaded, prepared.buffers)
+
+    def check_bound(self, loaded: LoadedArtifact, buffers: Sequence[BufferBinding]) -> None:
+        """Raise unless ``loaded`` is loaded here and every one of ``buffers`` is live here.
+
+        :class:`InvalidArtifact` for the kernel, :class:`InvalidBuffer` for a buffer.
+        """
+        if not self.backend.owns(loaded):
+            raise InvalidArtifact(f"{loaded!r} is not loaded on this backend")
+        self.backend.check_bindings(buffers, "$.buffers")
 
     # ----- measurement ---------------------------------------------------------------------
 

@@ -5,8 +5,9 @@ Rows per node (or per stage), each paired with the raw pre-packed
 batch, new arguments every launch where the row says so): the 3-stage pipeline relaunched (one
 submission, nothing patched) and with a fresh request each call (every stage
 patched); a 100-node launch graph with the same buffers and with new buffers
-each call, as a graph and node by node; and the backend's graph launch with new
-pointers and scalars for all 100 nodes each call.
+each call, as a graph and node by node; the same with 100 distinct nodes (10
+kernels, a scalar of its own each node), new buffers each call; and the
+backend's graph launch with new pointers and scalars for all 100 nodes each call.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from accy_async.backends import Backend, GraphNode, LaunchConfig
 
 from .rig import paired_us
 
-__all__ = ["GRAPH_LAUNCHES", "GRAPH_NODES", "GraphRig", "device_graph_rows"]
+__all__ = ["DISTINCT_KERNELS", "GRAPH_LAUNCHES", "GRAPH_NODES", "GraphRig", "device_graph_rows"]
 
 GRAPH_NODES = 100
 """Nodes of the launch-graph rows (the issue's 100-node graph)."""
@@ -109,8 +110,73 @@ async def device_graph_rows(
                     kernels, graph, binding_sets, stream, device_graph, raw, sync, repeat
                 )
             )
+    rows.update(await _distinct_nodes_rows(rig, planned, raw, sync, repeat))
     rows.update(await _backend_graph_row(rig, spare_a, spare_b, raw, sync, repeat))
     backend.destroy_all([spare_a, spare_b])
+    return rows
+
+
+DISTINCT_KERNELS = 10
+"""Planned kernels of the distinct-nodes rows: a chain over their slots, each its own load."""
+
+
+async def _distinct_nodes_rows(
+    rig: GraphRig,
+    planned: p.PlannedKernel,
+    raw: Callable[[], None],
+    sync: Callable[[], Awaitable[None]],
+    repeat: int,
+) -> dict[str, Any]:
+    """A 100-node launch graph whose every node is a launch of its own: new buffers each call.
+
+    Node ``i`` runs kernel ``i % 10`` of a chain (kernel ``k`` reads slot
+    ``k + 1`` and writes slot ``k + 2``) with the scalar ``i``: 100 distinct
+    launches over 10 loaded kernels and 11 slots, bound to one of two buffer
+    sets in turn, as one device graph and node by node.
+    """
+    backend, stream = rig.backend, rig.stream
+    plan = p.ArtifactPlan(
+        slots=tuple(p.Slot(slot_id=k + 1) for k in range(DISTINCT_KERNELS + 1)),
+        kernels=tuple(
+            dataclasses.replace(
+                planned, kernel_id=k + 1, work_item_id=k + 1, output_slot_id=k + 2,
+                input_slot_ids=(k + 1,),
+            )
+            for k in range(DISTINCT_KERNELS)
+        ),
+    )  # fmt: skip
+    graph = p.LaunchGraphPlan(
+        nodes=tuple(
+            p.GraphNode(kernel_index=i % DISTINCT_KERNELS, runtime_scalar_arguments=(p.U32(i),))
+            for i in range(GRAPH_NODES)
+        )
+    )
+    buffers = [backend.allocate_buffer(1024) for _ in range(2 * (DISTINCT_KERNELS + 1))]
+    binding_sets = [
+        [
+            SlotBinding(k + 1, buffers[turn * (DISTINCT_KERNELS + 1) + k].bind())
+            for k in range(DISTINCT_KERNELS + 1)
+        ]
+        for turn in range(2)
+    ]
+    rows: dict[str, Any] = {}
+    async with await load_kernels(backend, plan) as kernels:
+        for device_graph in (True, False):
+            rows.update(
+                await _launch_graph_rows(
+                    kernels,
+                    graph,
+                    binding_sets,
+                    stream,
+                    device_graph,
+                    raw,
+                    sync,
+                    repeat,
+                    name=f"{GRAPH_NODES} distinct nodes ({DISTINCT_KERNELS} kernels)",
+                    same_buffers=False,
+                )
+            )
+    backend.destroy_all(buffers)
     return rows
 
 
@@ -123,8 +189,11 @@ async def _launch_graph_rows(
     raw: Callable[[], None],
     sync: Callable[[], Awaitable[None]],
     repeat: int,
+    *,
+    name: str = f"{GRAPH_NODES} nodes",
+    same_buffers: bool = True,
 ) -> dict[str, Any]:
-    """``graph`` launched with the same buffers, and with new ones each call."""
+    """``graph`` launched with new buffers each call, and with the same (``same_buffers``)."""
     how = "as one device graph" if device_graph else "node by node"
     await launch_graph(
         kernels, binding_sets[0], graph, default_stream=stream, device_graph=device_graph
@@ -150,16 +219,17 @@ async def _launch_graph_rows(
                 device_graph=device_graph,
             )
 
-    name = f"accy launch_graph {how}, {GRAPH_NODES} nodes"
+    name = f"accy launch_graph {how}, {name}"
     per_batch = GRAPH_NODES * GRAPH_LAUNCHES
-    return {
-        f"{name}, same buffers, per node": await paired_us(
+    rows = {}
+    if same_buffers:
+        rows[f"{name}, same buffers, per node"] = await paired_us(
             raw, same, sync, repeat, launches_per_batch=per_batch
-        ),
-        f"{name}, new buffers each call, per node": await paired_us(
-            raw, new, sync, repeat, launches_per_batch=per_batch
-        ),
-    }
+        )
+    rows[f"{name}, new buffers each call, per node"] = await paired_us(
+        raw, new, sync, repeat, launches_per_batch=per_batch
+    )
+    return rows
 
 
 async def _backend_graph_row(

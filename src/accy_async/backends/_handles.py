@@ -228,7 +228,7 @@ class BufferBinding:
     ``offset``), as a kernel receives it.
     """
 
-    __slots__ = ("access", "address", "byte_size", "handle", "offset")
+    __slots__ = ("_views", "access", "address", "byte_size", "handle", "offset")
 
     def __init__(
         self,
@@ -243,12 +243,23 @@ class BufferBinding:
         self.offset = offset
         self.address = handle.address + offset
         self.byte_size = handle.byte_size - offset if byte_size is None else byte_size
+        self._views: dict[str, BufferBinding] | None = None
+        """The same range with other access modes, made once each (a launch graph's runs
+        bind the same slots with the same modes call after call)."""
 
     def with_access(self, access: Access) -> BufferBinding:
-        """The same range with another access mode."""
+        """The same range with another access mode (the same object each time it is asked)."""
         if access == self.access:
             return self
-        return BufferBinding(self.handle, access, offset=self.offset, byte_size=self.byte_size)
+        views = self._views
+        if views is None:
+            views = self._views = {}
+        view = views.get(access)
+        if view is None:
+            view = views[access] = BufferBinding(
+                self.handle, access, offset=self.offset, byte_size=self.byte_size
+            )
+        return view
 
     def aliases(self, other: BufferBinding) -> bool:
         """Whether both bind the same buffer (the seed's rule: same backend, same id)."""
