@@ -29,7 +29,7 @@ from accy_async.pipeline import (
     load_pipeline_artifacts,
 )
 from accy_async.testing import assert_checkpoint
-from accy_async.waiting import CompletionLatch, release_when_idle
+from accy_async.waiting import CompletionLatch, await_mark, release_when_idle
 
 from .conftest import EVERY_LOOP
 from .heartbeat import Heartbeat
@@ -61,11 +61,18 @@ async def test_waits_on_completed_work_are_checkpoints(backend: accy.Backend) ->
         "CompletionLatch.wait": fired.wait,
         "release_when_idle (nothing)": lambda: release_when_idle(backend, [], [stream]),
     }
-    for name, call in calls.items():
-        try:
-            await assert_checkpoint(call)
-        except AssertionError as exc:
-            raise AssertionError(f"{name}: {exc}") from exc
+    mark = backend.mark_stream(stream)  # CUDA's: the others have none
+    if mark is not None:
+        calls["await_mark"] = lambda: await_mark(backend, mark)
+    try:
+        for name, call in calls.items():
+            try:
+                await assert_checkpoint(call)
+            except AssertionError as exc:
+                raise AssertionError(f"{name}: {exc}") from exc
+    finally:
+        if mark is not None:
+            mark.release()
     # Reads whose copies landed long ago (a read is awaited once: one per call).
     landed = [backend.enqueue_read(buffer, stream=stream) for _ in range(2)]
     await accy.wait_stream(backend, stream)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from ._graph_run import GraphRun
+from ._graph_run import GraphRun, StreamEnd
 from ._graph_schedule import Schedule
 from ._loops import checkpoint
 from ._prepared_launch import GraphTemplates, LaunchTemplate
@@ -21,7 +21,6 @@ from .backends import GraphNode as BackendGraphNode
 from .errors import InvalidBuffer, UnsupportedOperation
 from .kernels import LoadedKernels, PreparedLaunch
 from .plan import GraphLoop
-from .waiting import CompletionLatch
 
 __all__ = ["Run"]
 
@@ -279,18 +278,14 @@ class Run:
         self.launches += 1
 
     def finish(self) -> GraphRun:
-        """Register the end of each stream of the run and hand back the run."""
+        """Mark the end of each stream of the run and hand back the run."""
         backend = self.backend
-        tails: dict[int, CompletionLatch] = {}
-        for stream in self.used_streams:
-            latch = CompletionLatch()
-            backend.notify_when_stream_complete(stream, latch)
-            tails[id(stream)] = latch
+        ends = {id(stream): StreamEnd(backend, stream) for stream in self.used_streams}
         return GraphRun(
             backend,
             self.schedule,
-            list(tails.values()),
-            [tails[id(stream)] for stream in self.key_streams],
+            list(ends.values()),
+            [ends[id(stream)] for stream in self.key_streams],
             self.dependency_events,
             self.launches,
         )

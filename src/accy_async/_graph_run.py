@@ -7,16 +7,75 @@ any one node. :mod:`accy_async.graph` re-exports both.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 import anyio
 
 from ._graph_schedule import Schedule
 from ._loops import checkpoint
-from .backends import Backend, EventHandle
-from .waiting import CompletionLatch, wait_event
+from .backends import Backend, EventHandle, StreamHandle, StreamMark
+from .errors import AccyError
+from .waiting import CompletionLatch, await_mark, wait_event
 
-__all__ = ["GraphRun", "NodeCompletion"]
+__all__ = ["GraphRun", "NodeCompletion", "StreamEnd"]
+
+
+class StreamEnd:
+    """The end of a run's work on one stream, awaited the way :func:`wait_stream` waits.
+
+    Where the backend marks streams (CUDA) it is a mark, queried and watched
+    from the loop by the backend's wait policy, and handed back to the backend
+    once seen complete (or when the run is dropped); elsewhere a latch the
+    backend fires.
+    """
+
+    __slots__ = ("_backend", "_latch", "_mark")
+
+    def __init__(self, backend: Backend, stream: StreamHandle | None) -> None:
+        self._backend = backend
+        self._mark: StreamMark | None = backend.mark_stream(stream)
+        self._latch: CompletionLatch | None = None
+        if self._mark is None:
+            self._latch = CompletionLatch()
+            backend.notify_when_stream_complete(stream, self._latch)
+
+    @property
+    def done(self) -> bool:
+        """Whether the work is known to have completed (or failed: :meth:`wait` raises)."""
+        mark = self._mark
+        if mark is None:
+            return self._latch is None or self._latch.done
+        try:
+            if not mark.query():
+                return False
+        except AccyError:  # the device failed: wait() raises it
+            return True
+        self._release()
+        return True
+
+    async def wait(self) -> None:
+        """Return once the work has completed (a checkpoint); raise the backend's fault."""
+        mark = self._mark
+        if mark is not None:
+            await await_mark(self._backend, mark, None)
+            self._release()
+        elif self._latch is not None:
+            await self._latch.wait()
+        else:  # seen complete before
+            await checkpoint()
+
+    def _release(self) -> None:
+        mark, self._mark = self._mark, None
+        if mark is not None:
+            mark.release()
+
+    def __del__(self) -> None:
+        # A run dropped before its end was seen: the mark goes back (recycled once passed).
+        mark = getattr(self, "_mark", None)
+        if mark is not None:
+            with contextlib.suppress(Exception):  # never raise from a finalizer
+                mark.release()
 
 
 class NodeCompletion:
@@ -35,7 +94,7 @@ class NodeCompletion:
         index: int,
         backend: Backend,
         event: EventHandle | None,
-        tail: CompletionLatch,
+        tail: StreamEnd,
     ) -> None:
         self.index = index
         self._backend = backend
@@ -80,8 +139,8 @@ class GraphRun:
         self,
         backend: Backend | None = None,
         schedule: Schedule | None = None,
-        tails: Sequence[CompletionLatch] = (),
-        stream_tails: Sequence[CompletionLatch] = (),
+        tails: Sequence[StreamEnd] = (),
+        stream_tails: Sequence[StreamEnd] = (),
         events: Mapping[int, EventHandle] | None = None,
         enqueued_launches: int = 0,
     ) -> None:

@@ -86,6 +86,7 @@ __all__ = [
     "FRUGAL_LEARNS_EVERY",
     "MAX_WATCHERS",
     "CompletionLatch",
+    "await_mark",
     "release_when_idle",
     "sleep_until",
     "synchronize",
@@ -141,7 +142,7 @@ async def wait_stream(
             await _loops.current().wait(_StreamCallback(backend, stream))
             return
         try:
-            await _await_mark(backend, mark, policy)
+            await await_mark(backend, mark, policy)
         finally:
             mark.release()
     except BaseException as exc:
@@ -166,7 +167,7 @@ async def wait_read(pending: PendingRead, *, policy: WaitPolicy | None = None) -
         if mark is None:
             await _loops.current().wait(pending.notify_when_complete)
         else:
-            await _await_mark(mark.backend, mark, policy)
+            await await_mark(mark.backend, mark, policy)
     except BaseException:
         pending.discard()
         raise
@@ -452,8 +453,14 @@ _learning_draws = random.Random()
 """Draws which waits of the policies that look early only now and then (``learn_every``) do."""
 
 
-async def _await_mark(backend: Backend, mark: StreamMark, policy: WaitPolicy | None) -> None:
-    """Wait for a stream mark: a checkpoint if it has completed, else watched per the policy."""
+async def await_mark(backend: Backend, mark: StreamMark, policy: WaitPolicy | None = None) -> None:
+    """Wait for a stream mark (:meth:`~accy_async.backends.Backend.mark_stream`).
+
+    How :func:`wait_stream` waits, for callers that keep a mark to wait for
+    later (a graph run's stream ends): a checkpoint if it has completed, else
+    watched as ``policy`` (the backend's by default) says. The caller
+    releases the mark, whatever happens.
+    """
     if mark.query():
         await _loops.checkpoint()
     else:

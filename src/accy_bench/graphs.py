@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from accy_async import (
     BufferHandle,
     LoadedArtifact,
@@ -138,7 +140,7 @@ async def _distinct_nodes_rows(
     plan = p.ArtifactPlan(
         slots=tuple(p.Slot(slot_id=k + 1) for k in range(DISTINCT_KERNELS + 1)),
         kernels=tuple(
-            dataclasses.replace(
+            msgspec.structs.replace(
                 planned, kernel_id=k + 1, work_item_id=k + 1, output_slot_id=k + 2,
                 input_slot_ids=(k + 1,),
             )

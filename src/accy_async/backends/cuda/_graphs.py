@@ -287,11 +287,20 @@ def launch_graph(
 
 
 def _pack_table(built: CudaGraph, arguments: Sequence[NodeArguments]) -> None:
-    """Pack every node's arguments into the table's host copy: one pack for the whole table.
+    """Pack every node's arguments into the table's host copy.
 
-    The table's format follows the scalars' types, made again when they change
-    (node by node, the counts of buffers and scalars are the kernels').
+    Nodes often share argument objects (a launch graph's nodes are launches of
+    a few distinct kinds): when at most half of them are distinct, each
+    distinct one is packed once and the table joined from those
+    (:func:`_join_shared`). Otherwise one pack for the whole table, its format
+    following the scalars' types, made again when they change (node by node,
+    the counts of buffers and scalars are the kernels').
     """
+    order = list(map(id, arguments))
+    distinct = dict(zip(order, arguments, strict=True))
+    if 2 * len(distinct) <= len(order):
+        _join_shared(built, distinct, order)
+        return
     values: list[int | float] = []
     names: list[str] = []
     add_values, add_names = values.extend, names.extend
@@ -309,6 +318,33 @@ def _pack_table(built: CudaGraph, arguments: Sequence[NodeArguments]) -> None:
     packer = built.table_packer
     assert packer is not None
     packer.pack_into(built.staging, 0, *values)
+
+
+def _join_shared(built: CudaGraph, distinct: dict[int, NodeArguments], order: list[int]) -> None:
+    """The table from each distinct argument object packed once, in the nodes' order."""
+    packed = {}
+    for key, (buffers, scalars) in distinct.items():
+        packer = _node_packer(len(buffers), tuple(map(_type_name, scalars)))
+        packed[key] = packer.pack(*map(_address, buffers), *map(_value, scalars))
+    table = b"".join(map(packed.__getitem__, order))
+    if len(table) != built.table_size:  # the trusted caller's counts are the kernels'
+        raise AssertionError("graph arguments do not fit the graph's argument table")
+    ctypes.memmove(built.staging, table, len(table))
+
+
+_node_packers: dict[tuple[int, tuple[str, ...]], struct.Struct] = {}
+
+
+def _node_packer(buffer_count: int, scalar_types: tuple[str, ...]) -> struct.Struct:
+    """One node's arguments as the table holds them: 8-byte slots, padded to the alignment."""
+    key = (buffer_count, scalar_types)
+    packer = _node_packers.get(key)
+    if packer is None:
+        node = "<" + argument_format(buffer_count, scalar_types)
+        packer = _node_packers[key] = struct.Struct(
+            node + "x" * (_table_bytes(buffer_count + len(scalar_types)) - struct.calcsize(node))
+        )
+    return packer
 
 
 def _patch_nodes(device: DeviceState, built: CudaGraph, arguments: Sequence[NodeArguments]) -> None:
@@ -392,12 +428,17 @@ def _table_places(nodes: Sequence[GraphNode]) -> tuple[list[tuple[int, int]], in
     for node in nodes:
         kernel: Kernel = node.loaded.native
         if isinstance(kernel.table, TableKernel):
-            taken = -(-8 * max(kernel.argument_count, 1) // _TABLE_ALIGNMENT) * _TABLE_ALIGNMENT
+            taken = _table_bytes(kernel.argument_count)
             places.append((size, taken))
             size += taken
         else:
             places.append((-1, 0))
     return places, size
+
+
+def _table_bytes(argument_count: int) -> int:
+    """The bytes a node of ``argument_count`` arguments takes in the table (aligned)."""
+    return -(-8 * max(argument_count, 1) // _TABLE_ALIGNMENT) * _TABLE_ALIGNMENT
 
 
 def _add_node(
