@@ -16,8 +16,9 @@ keeps one per distinct launch. :func:`fill` runs one planned fill.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Final
 
 from .backends import (
@@ -185,7 +186,10 @@ class GraphTemplates:
         "_checked",
         "_checked_at",
         "_loaded_checked_at",
+        "_pickers",
+        "_views",
         "count_ids",
+        "count_readers",
         "fills",
         "loaded",
         "slot_ids",
@@ -202,12 +206,20 @@ class GraphTemplates:
             dict.fromkeys(each.kernel_id for each in templates if each.reads_count_buffer)
         )
         """The kernels whose element-count buffer a launch binds."""
+        self.count_readers = tuple(
+            index for index, each in enumerate(templates) if each.reads_count_buffer
+        )
+        """The launches that bind an element-count buffer (bound by their template)."""
         self.loaded = tuple({id(each.loaded): each.loaded for each in templates}.values())
         self.fills = any(each.fills for each in templates)
         """Whether a launch fills a buffer first (such a graph runs node by node)."""
         self._checked: list[BufferBinding] | None = None
         self._checked_at = -1
         self._loaded_checked_at = -1
+        self._views = tuple(dict.fromkeys(key for each in templates for key in each.buffer_slots))
+        """Every ``(slot id, access)`` a launch binds, once each."""
+        self._pickers = [_picker(each.buffer_slots) for each in templates]
+        """Per launch, its buffers taken from the run's views by ``(slot id, access)``."""
 
     def bind(
         self,
@@ -221,8 +233,16 @@ class GraphTemplates:
         that is not a live buffer of ``backend`` (the error's path names the
         slot), :class:`InvalidArtifact` for a kernel no longer loaded.
         """
-        buffers = [each.buffers(slots, counts.get(each.kernel_id)) for each in self.templates]
-        bound = [slots[slot_id] for slot_id in self.slot_ids]  # all bound: buffers() saw them
+        try:  # each slot's view for each access once, then each launch's buffers picked out
+            views = {key: slots[key[0]].with_access(key[1]) for key in self._views}
+        except KeyError:
+            missing = next(slot_id for slot_id in self.slot_ids if slot_id not in slots)
+            raise InvalidBuffer(f"slot {missing} has no buffer bound") from None
+        buffers = [pick(views) for pick in self._pickers]
+        for index in self.count_readers:
+            reader = self.templates[index]
+            buffers[index] = reader.buffers(slots, counts.get(reader.kernel_id))
+        bound = [slots[slot_id] for slot_id in self.slot_ids]
         bound.extend([counts[kernel_id] for kernel_id in self.count_ids])
         removals = backend.removals
         if removals != self._loaded_checked_at:
@@ -245,6 +265,18 @@ class GraphTemplates:
                 raise
             self._checked, self._checked_at = bound, removals
         return buffers
+
+
+def _picker(
+    keys: tuple[tuple[int, Access], ...],
+) -> Callable[[Mapping[tuple[int, Access], BufferBinding]], tuple[BufferBinding, ...]]:
+    """What takes the bindings of ``keys``, in order, from a run's views (a tuple always)."""
+    if len(keys) >= 2:
+        return itemgetter(*keys)
+    if keys:
+        (key,) = keys
+        return lambda views: (views[key],)
+    return lambda views: ()
 
 
 def template(
