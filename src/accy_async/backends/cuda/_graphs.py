@@ -72,37 +72,23 @@ class _NodeParams(ctypes.Structure):
 
 
 _set_params: Any = None
-_graph_launch: Any = None
-_copy_table: Any = None
-_record: Any = None
-_wait: Any = None
 
 _TABLE_ALIGNMENT = 16
 _address, _value, _type_name = attrgetter("address"), attrgetter("value"), attrgetter("type_name")
 
 
 def _bind_driver_calls() -> None:
-    """The driver calls of a graph launch, typed for ctypes (cuda-python's wrappers cost more)."""
-    global _set_params, _graph_launch, _copy_table, _record, _wait
+    """``cuGraphExecKernelNodeSetParams``, typed for ctypes.
+
+    cuda-python would build its struct anew each call; the graph's other
+    calls cost less through cuda-python (measured on the H200).
+    """
+    global _set_params
     if _set_params is None:
-        library = libcuda()
-        set_params = library.cuGraphExecKernelNodeSetParams_v2
+        set_params = libcuda().cuGraphExecKernelNodeSetParams_v2
         set_params.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         set_params.restype = ctypes.c_int
-        launch = library.cuGraphLaunch
-        launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        launch.restype = ctypes.c_int
-        copy = library.cuMemcpyHtoDAsync_v2
-        copy.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        copy.restype = ctypes.c_int
-        record = library.cuEventRecord
-        record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        record.restype = ctypes.c_int
-        wait = library.cuStreamWaitEvent
-        wait.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
-        wait.restype = ctypes.c_int
-        _set_params, _graph_launch, _copy_table = set_params, launch, copy
-        _record, _wait = record, wait
+        _set_params = set_params
 
 
 def _graph_features(total_threads: Any) -> tuple[float, ...]:
@@ -159,14 +145,13 @@ class CudaGraph:
         "last_arguments",
         "nodes",
         "order",
-        "order_address",
         "order_ledger",
         "order_position",
         "staging",
         "staging_address",
         "stream",
-        "stream_address",
         "table",
+        "table_native",
         "table_only",
         "table_packer",
         "table_size",
@@ -177,6 +162,8 @@ class CudaGraph:
     def __init__(self) -> None:
         self.table = 0
         """The device table of the table nodes' arguments (0: no table nodes)."""
+        self.table_native: Any = None
+        """The table's ``CUdeviceptr``, as the driver calls take it."""
         self.table_size = 0
         self.table_only = False
         """Whether every node reads the table (packed in one go, see :func:`_pack_table`)."""
@@ -192,7 +179,6 @@ class CudaGraph:
         self.order_ledger: Any = None
         """The ledger and position of ``order``'s last record (``None``: not recorded)."""
         self.order_position = 0
-        self.order_address = 0
         self.graph: Any = None
         """The graph the executable was made from (kept: its nodes are how updates name them)."""
         self.exec: Any = None
@@ -204,8 +190,7 @@ class CudaGraph:
         """The forecast's model of one launch of the whole graph."""
         self.threads = 0
         self.stream: StreamHandle | None = None
-        """The stream of the last launch, and its ``CUstream`` as an address."""
-        self.stream_address = 0
+        """The stream of the last launch."""
 
 
 def instantiate_graph(device: DeviceState, nodes: Sequence[GraphNode]) -> CudaGraph:
@@ -236,7 +221,7 @@ def destroy_graph(built: CudaGraph) -> Any:
         results += [
             d.cuEventSynchronize(built.order),
             d.cuEventDestroy(built.order),
-            d.cuMemFree(built.table),
+            d.cuMemFree(built.table_native),
         ]
     return next((result for result in results if int(result[0])), results[-1])
 
@@ -253,12 +238,13 @@ def launch_graph(
     built: CudaGraph = graph.native
     for event in wait_events:
         device.wait(stream, event)
+    d = driver()
+    native = stream.native
     if stream is not built.stream:
-        stream_address = int(stream.native)
         if built.order_ledger is not None:
             # The table is rewritten on this stream: after the last launch has read it.
-            _follow(device, built, stream, stream_address)
-        built.stream, built.stream_address = stream, stream_address
+            _follow(device, built, stream)
+        built.stream = stream
     if arguments is not built.last_arguments:
         built.last_arguments = None  # until every node is put in
         if built.table_only:
@@ -266,19 +252,19 @@ def launch_graph(
         else:
             _patch_nodes(device, built, arguments)
         if built.table:
-            result = _copy_table(
-                built.table, built.staging_address, built.table_size, built.stream_address
+            (result,) = d.cuMemcpyHtoDAsync(
+                built.table_native, built.staging_address, built.table_size, native
             )
             if result:
                 device.fail(result, "copying a graph's argument table")
         built.last_arguments = arguments
-    result = _graph_launch(built.exec_address, built.stream_address)
+    (result,) = d.cuGraphLaunch(built.exec, native)
     if result:
         device.fail(result, "launching a graph")
     ledger = device.ledgers[stream.id]
     ledger.enqueue(built.cost, built.threads)
     if built.table:  # where the last launch reading the table ends (its stream may go)
-        result = _record(built.order_address, built.stream_address)
+        (result,) = d.cuEventRecord(built.order, native)
         if result:
             device.fail(result, "recording a graph's end")
         built.order_ledger, built.order_position = ledger, ledger.position
@@ -382,9 +368,9 @@ def _patch_nodes(device: DeviceState, built: CudaGraph, arguments: Sequence[Node
             state.last = packed
 
 
-def _follow(device: DeviceState, built: CudaGraph, stream: StreamHandle, address: int) -> None:
-    """``stream`` (at ``address``) waits, on the device, for the end of ``built``'s last launch."""
-    result = _wait(address, built.order_address, 0)
+def _follow(device: DeviceState, built: CudaGraph, stream: StreamHandle) -> None:
+    """``stream`` waits, on the device, for the end of ``built``'s last launch."""
+    (result,) = driver().cuStreamWaitEvent(stream.native, built.order, 0)
     if result:
         device.fail(result, "ordering a graph's launches")
     assert built.order_ledger is not None
@@ -398,13 +384,13 @@ def _build(device: DeviceState, built: CudaGraph, nodes: Sequence[GraphNode]) ->
     built.table_only = all(offset >= 0 for offset, _ in places)
     try:
         if built.table_size:
-            built.table = int(
-                device.value(d.cuMemAlloc(built.table_size), "allocating a graph's argument table")
+            built.table_native = device.value(
+                d.cuMemAlloc(built.table_size), "allocating a graph's argument table"
             )
+            built.table = int(built.table_native)
             built.order = device.value(
                 d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING), "creating an event"
             )
-            built.order_address = int(built.order)
             built.staging = ctypes.create_string_buffer(built.table_size)
             built.staging_address = ctypes.addressof(built.staging)
         built.graph = device.value(d.cuGraphCreate(0), "creating a graph")
@@ -417,7 +403,7 @@ def _build(device: DeviceState, built: CudaGraph, nodes: Sequence[GraphNode]) ->
         if built.order is not None:
             d.cuEventDestroy(built.order)
         if built.table:
-            d.cuMemFree(built.table)
+            d.cuMemFree(built.table_native)
         raise
 
 
