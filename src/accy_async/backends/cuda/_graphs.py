@@ -32,7 +32,6 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .._graph_exec import GraphExec, GraphNode, NodeArguments
@@ -74,7 +73,6 @@ class _NodeParams(ctypes.Structure):
 _set_params: Any = None
 
 _TABLE_ALIGNMENT = 16
-_address, _value, _type_name = attrgetter("address"), attrgetter("value"), attrgetter("type_name")
 
 
 def _bind_driver_calls() -> None:
@@ -289,11 +287,13 @@ def _pack_table(built: CudaGraph, arguments: Sequence[NodeArguments]) -> None:
         return
     values: list[int | float] = []
     names: list[str] = []
-    add_values, add_names = values.extend, names.extend
-    for buffers, scalars in arguments:
-        add_values(map(_address, buffers))
-        add_values(map(_value, scalars))
-        add_names(map(_type_name, scalars))
+    add_value, add_name = values.append, names.append
+    for buffers, scalars in arguments:  # plain loops: a map per node costs more than its items
+        for binding in buffers:
+            add_value(binding.address)
+        for scalar in scalars:
+            add_value(scalar.value)
+            add_name(scalar.type_name)
     if names != built.table_types:
         codes = []
         for state, (buffers, scalars) in zip(built.nodes, arguments, strict=True):
@@ -310,8 +310,10 @@ def _join_shared(built: CudaGraph, distinct: dict[int, NodeArguments], order: li
     """The table from each distinct argument object packed once, in the nodes' order."""
     packed = {}
     for key, (buffers, scalars) in distinct.items():
-        packer = _node_packer(len(buffers), tuple(map(_type_name, scalars)))
-        packed[key] = packer.pack(*map(_address, buffers), *map(_value, scalars))
+        packer = _node_packer(len(buffers), tuple([scalar.type_name for scalar in scalars]))
+        packed[key] = packer.pack(
+            *[binding.address for binding in buffers], *[scalar.value for scalar in scalars]
+        )
     table = b"".join(map(packed.__getitem__, order))
     if len(table) != built.table_size:  # the trusted caller's counts are the kernels'
         raise AssertionError("graph arguments do not fit the graph's argument table")
