@@ -288,19 +288,19 @@ async def test_a_loop_carries_its_buffer_through_each_iteration(
 async def test_a_relaunch_with_the_same_bindings_still_refuses_a_destroyed_buffer(
     recording: accy.RecordingBackend, device_graph: bool
 ) -> None:
-    """The binding checks are remembered per set of binding objects, and forgotten as soon as
-    any object of the backend is destroyed: the slot of the destroyed buffer is named."""
+    """A relaunch checks its slots again: the slot of the destroyed buffer is named."""
     bindings = bind_all(recording, SIZES)
     graph = diamond((0, 0, 1, 0))
     async with await load_kernels(recording, chain_plan(recording)) as kernels:
-        for _ in range(2):  # the second run's checks are remembered
+        for _ in range(2):
             await (await launch_graph(kernels, bindings, graph, device_graph=device_graph)).wait()
         launches = len(recording.launches)
         gone = next(b for b in bindings if b.slot_id == 3)
         recording.destroy(gone.binding.handle)
         with pytest.raises(accy.InvalidBuffer, match="not a live buffer") as raised:
             await launch_graph(kernels, bindings, graph, device_graph=device_graph)
-        assert raised.value.path == "$.slot_bindings[3]"
+        assert raised.value.message.startswith("slot 3: ")
+        assert raised.value.path == "$.slot_bindings"
         assert len(recording.launches) == launches  # nothing enqueued
         fresh = SlotBinding(3, recording.allocate_buffer(SIZES[3]).bind())
         rebound = [fresh if b.slot_id == 3 else b for b in bindings]
@@ -326,6 +326,28 @@ async def test_a_relaunch_through_unloaded_kernels_is_refused(
     await accy.wait_stream(recording)
     recording.destroy_all(kernels.device_graphs.take_all())
     recording.destroy_all([each for i, each in enumerate(kernels.loaded) if i != 2])
+    destroy_bindings(recording, bindings)
+
+
+@pytest.mark.parametrize("device_graph", [False, True])
+async def test_a_slot_bound_to_nothing_or_to_something_else_is_named(
+    recording: accy.RecordingBackend, device_graph: bool
+) -> None:
+    bindings = bind_all(recording, SIZES)
+    slots: dict[int, object] = {b.slot_id: b.binding for b in bindings}
+    async with await load_kernels(recording, chain_plan(recording)) as kernels:
+        for wrong, message in ((None, "slot 2 has no buffer bound"), (7, "bound to a int")):
+            slots[2] = wrong
+            with pytest.raises(accy.InvalidBuffer, match=message):
+                await launch_graph(
+                    kernels,
+                    slots,  # type: ignore[arg-type]
+                    diamond((None, None, None, None)),
+                    device_graph=device_graph,
+                )
+            with pytest.raises(accy.InvalidBuffer, match=message):
+                kernels.launch_kernel(1, slots)  # type: ignore[arg-type]
+    assert recording.launch_count == 0
     destroy_bindings(recording, bindings)
 
 

@@ -8,6 +8,7 @@ any one node. :mod:`accy_async.graph` re-exports both.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 import anyio
@@ -21,18 +22,30 @@ from .waiting import CompletionLatch, await_mark, wait_event
 __all__ = ["GraphRun", "NodeCompletion", "StreamEnd"]
 
 
+_dropped_marks: deque[StreamMark] = deque()
+"""Marks of runs dropped before their end was seen, released by the next run on the loop."""
+
+
 class StreamEnd:
     """The end of a run's work on one stream, awaited the way :func:`wait_stream` waits.
 
     Where the backend marks streams (CUDA) it is a mark, queried and watched
     from the loop by the backend's wait policy, and handed back to the backend
-    once seen complete (or when the run is dropped); elsewhere a latch the
-    backend fires.
+    once seen complete; a run dropped before that hands its mark to the next
+    run made, which releases it on the loop's thread (a finalizer takes no
+    locks). Elsewhere it is a latch the backend fires.
     """
 
     __slots__ = ("_backend", "_latch", "_mark")
 
+    _drop = _dropped_marks.append
+    """Bound once: a finalizer at interpreter exit needs no module global."""
+
     def __init__(self, backend: Backend, stream: StreamHandle | None) -> None:
+        while _dropped_marks:
+            mark = _dropped_marks.popleft()
+            with contextlib.suppress(AccyError):  # its backend failed since: nothing to give
+                mark.release()
         self._backend = backend
         self._mark: StreamMark | None = backend.mark_stream(stream)
         self._latch: CompletionLatch | None = None
@@ -66,16 +79,16 @@ class StreamEnd:
             await checkpoint()
 
     def _release(self) -> None:
+        # Seen complete: given back now. Another task still watching it queries a completed
+        # mark, which answers from its own flag and never reads the (recycled) marker again.
         mark, self._mark = self._mark, None
         if mark is not None:
             mark.release()
 
     def __del__(self) -> None:
-        # A run dropped before its end was seen: the mark goes back (recycled once passed).
         mark = getattr(self, "_mark", None)
         if mark is not None:
-            with contextlib.suppress(Exception):  # never raise from a finalizer
-                mark.release()
+            self._drop(mark)  # an append: no lock, whichever thread collects the run
 
 
 class NodeCompletion:
@@ -147,7 +160,7 @@ class GraphRun:
         self._backend = backend
         self._schedule = schedule
         self._tails = tuple(tails)
-        self._stream_tails = stream_tails
+        self._stream_tails = tuple(stream_tails)
         """The end of each of the schedule's streams (by ``stream_keys`` position)."""
         self._events = events or {}
         self.enqueued_launches = enqueued_launches

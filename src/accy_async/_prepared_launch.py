@@ -137,9 +137,8 @@ class LaunchTemplate:
         """
         try:
             bound = [slots[slot_id].with_access(access) for slot_id, access in self.buffer_slots]
-        except KeyError:
-            missing = next(slot_id for slot_id, _ in self.buffer_slots if slot_id not in slots)
-            raise InvalidBuffer(f"slot {missing} has no buffer bound") from None
+        except (KeyError, AttributeError):
+            raise _unbound(slots, [slot_id for slot_id, _ in self.buffer_slots]) from None
         if self.reads_count_buffer:
             if element_count_buffer is None:
                 raise LaunchArgumentMismatch(
@@ -177,14 +176,12 @@ class LaunchTemplate:
 class GraphTemplates:
     """The templates of a launch graph's distinct launches, and the checks of their bindings.
 
-    Binding checks are remembered: a run whose slots bind the very binding
-    objects of the last checked run, with no object of the backend destroyed
-    since (:attr:`~accy_async.backends.Backend.removals`), is not checked again.
+    Each run checks every slot it binds once (however many launches bind it);
+    the kernels are checked again only once the backend destroyed something
+    (:attr:`~accy_async.backends.Backend.removals`).
     """
 
     __slots__ = (
-        "_checked",
-        "_checked_at",
         "_loaded_checked_at",
         "_pickers",
         "_views",
@@ -213,8 +210,6 @@ class GraphTemplates:
         self.loaded = tuple({id(each.loaded): each.loaded for each in templates}.values())
         self.fills = any(each.fills for each in templates)
         """Whether a launch fills a buffer first (such a graph runs node by node)."""
-        self._checked: list[BufferBinding] | None = None
-        self._checked_at = -1
         self._loaded_checked_at = -1
         self._views = tuple(dict.fromkeys(key for each in templates for key in each.buffer_slots))
         """Every ``(slot id, access)`` a launch binds, once each."""
@@ -230,41 +225,52 @@ class GraphTemplates:
         """Each launch's buffers, bound to ``slots`` and ``counts`` (by kernel id).
 
         Raises :class:`InvalidBuffer` for a slot with no binding or a binding
-        that is not a live buffer of ``backend`` (the error's path names the
-        slot), :class:`InvalidArtifact` for a kernel no longer loaded.
+        that is not a live buffer of ``backend`` (the message names the slot),
+        :class:`LaunchArgumentMismatch` for a missing element-count buffer,
+        :class:`InvalidArtifact` for a kernel no longer loaded.
         """
         try:  # each slot's view for each access once, then each launch's buffers picked out
             views = {key: slots[key[0]].with_access(key[1]) for key in self._views}
-        except KeyError:
-            missing = next(slot_id for slot_id in self.slot_ids if slot_id not in slots)
-            raise InvalidBuffer(f"slot {missing} has no buffer bound") from None
+        except (KeyError, AttributeError):
+            raise _unbound(slots, self.slot_ids) from None
         buffers = [pick(views) for pick in self._pickers]
         for index in self.count_readers:
             reader = self.templates[index]
             buffers[index] = reader.buffers(slots, counts.get(reader.kernel_id))
-        bound = [slots[slot_id] for slot_id in self.slot_ids]
-        bound.extend([counts[kernel_id] for kernel_id in self.count_ids])
         removals = backend.removals
-        if removals != self._loaded_checked_at:
+        if removals != self._loaded_checked_at:  # none destroyed since: all still loaded
             for loaded in self.loaded:
                 if not backend.owns(loaded):
                     raise InvalidArtifact(f"{loaded!r} is not loaded on this backend")
             self._loaded_checked_at = removals
-        if removals != self._checked_at or bound != self._checked:
-            self._checked = None
-            try:
-                backend.check_bindings(bound)
-            except InvalidBuffer:
-                names = [f"$.slot_bindings[{slot_id}]" for slot_id in self.slot_ids]
-                names += [f"$.element_count_buffers[{kernel_id}]" for kernel_id in self.count_ids]
-                for name, binding in zip(names, bound, strict=True):
-                    try:
-                        backend.check_bindings((binding,))
-                    except InvalidBuffer as exc:  # the same error, naming the slot
-                        raise InvalidBuffer(exc.message, path=name) from None
-                raise
-            self._checked, self._checked_at = bound, removals
+        bound = [slots[slot_id] for slot_id in self.slot_ids]
+        bound += [counts[kernel_id] for kernel_id in self.count_ids]
+        try:  # each slot once, however many launches bind it
+            backend.check_bindings(bound)
+        except InvalidBuffer:
+            names = [f"slot {slot_id}" for slot_id in self.slot_ids]
+            names += [f"the element-count buffer of kernel {kid}" for kid in self.count_ids]
+            for name, binding in zip(names, bound, strict=True):
+                try:
+                    backend.check_bindings((binding,))
+                except InvalidBuffer as exc:  # the same error, naming the slot
+                    path = "$.slot_bindings" if name.startswith("slot") else "$.element_counts"
+                    raise InvalidBuffer(f"{name}: {exc.message}", path=path) from None
+            raise
         return buffers
+
+
+def _unbound(slots: Mapping[int, Any], slot_ids: Sequence[int]) -> InvalidBuffer:
+    """The error for the first of ``slot_ids`` with no binding (or not a binding) in ``slots``."""
+    for slot_id in slot_ids:
+        binding = slots.get(slot_id)
+        if binding is None:
+            return InvalidBuffer(f"slot {slot_id} has no buffer bound")
+        if not isinstance(binding, BufferBinding):
+            return InvalidBuffer(
+                f"slot {slot_id} is bound to a {type(binding).__name__}, not a BufferBinding"
+            )
+    return InvalidBuffer("a slot has no buffer bound")
 
 
 def _picker(

@@ -20,7 +20,6 @@ their public names are re-exported here.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -175,8 +174,10 @@ class LoadedKernels:
         ``artifact_plan`` may replace the plan the kernels were loaded from
         (new fill patterns or candidates); its kernel must have the loaded
         kernel's ids, else :class:`InvalidArtifact`. Raises
-        :class:`InvalidBuffer` for a slot with no binding and
-        :class:`LaunchArgumentMismatch` for scalars that do not fit.
+        :class:`LaunchArgumentMismatch` for scalars that do not fit (checked
+        first: what the plan and scalars get wrong is reported before any
+        buffer is looked at) and :class:`InvalidBuffer` for a slot with no
+        binding.
         """
         slots = slot_bindings if isinstance(slot_bindings, Mapping) else slot_map(slot_bindings)
         prepared = self.prepare_launch(
@@ -241,9 +242,10 @@ class LoadedKernels:
     ) -> PreparedLaunch:
         """Resolve bindings, fills, scalars and geometry of one launch, without enqueuing.
 
-        The graph runner prepares each distinct launch once (with ``pack``, so
-        the backend packs its arguments for trusted launches) and enqueues it
-        many times; :meth:`launch_kernel` prepares and enqueues.
+        :meth:`launch_template` then its ``bind`` (``pack`` has the backend pack
+        the arguments for trusted launches); :meth:`launch_kernel` prepares and
+        enqueues. A launch graph keeps each distinct launch's template
+        (:meth:`graph_templates`) and binds only the slots per run.
         """
         return self.launch_template(
             kernel_index,
@@ -339,12 +341,6 @@ class LoadedKernels:
             wait_events=wait_events,
             signal_event=signal_event,
             diagnostic_id=prepared.diagnostic_id,
-        )
-
-    def repack(self, prepared: PreparedLaunch) -> PreparedLaunch:
-        """``prepared`` with its arguments packed for trusted enqueues (as ``pack=True`` does)."""
-        return dataclasses.replace(
-            prepared, arguments=prepared.launcher.prepare(prepared.buffers, prepared.scalars)
         )
 
     def check_live(self, prepared: PreparedLaunch) -> None:
