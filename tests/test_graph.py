@@ -281,7 +281,7 @@ async def test_a_loop_carries_its_buffer_through_each_iteration(
     destroy_bindings(backend, bindings)
 
 
-# ----- bindings checked once per set of binding objects -------------------------------------
+# ----- the bindings of a run, checked each run -----------------------------------------------
 
 
 @pytest.mark.parametrize("device_graph", [False, True])

@@ -15,7 +15,7 @@ from typing import Final
 from ._graph_run import GraphRun, StreamEnd
 from ._graph_schedule import Schedule
 from ._loops import checkpoint
-from ._prepared_launch import GraphTemplates, LaunchTemplate
+from ._prepared_launch import GraphTemplates, LaunchTemplate, check_slot
 from .backends import Backend, BufferBinding, DeviceObject, EventHandle, StreamHandle
 from .backends import GraphNode as BackendGraphNode
 from .errors import InvalidBuffer, UnsupportedOperation
@@ -212,10 +212,16 @@ class Run:
         list[tuple[LaunchTemplate, tuple[BufferBinding, ...]]],
         list[tuple[LaunchTemplate, tuple[BufferBinding, ...]]],
     ]:
-        """A carrying loop's launches for even and odd iterations (carried slots swapped)."""
+        """A carrying loop's launches for even and odd iterations (carried slots swapped).
+
+        The run's slots and kernels were checked when it was bound; the carried
+        slots' bindings are checked here (an initial slot may be bound by no launch).
+        """
         first, end = loop.first_node_index, loop.first_node_index + loop.node_count
+        for carry in loop.carries:
+            for slot_id in (carry.initial_slot_id, carry.output_slot_id):
+                check_slot(self.backend, _bound(self.slots, slot_id), f"slot {slot_id}")
         result = []
-        kernels = self.kernels
         for parity in (0, 1):
             remapped = dict(self.slots)
             for carry in loop.carries:
@@ -227,9 +233,9 @@ class Run:
             variant = []
             for index in range(first, end):
                 template = self.templates[self.schedule.node_variant[index]]
-                buffers = template.buffers(remapped, self.counts.get(template.kernel_id))
-                kernels.check_bound(template.loaded, buffers)
-                variant.append((template, buffers))
+                variant.append(
+                    (template, template.buffers(remapped, self.counts.get(template.kernel_id)))
+                )
             result.append(variant)
         return result[0], result[1]
 

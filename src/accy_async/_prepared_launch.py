@@ -46,6 +46,7 @@ __all__ = [
     "GraphTemplates",
     "LaunchTemplate",
     "PreparedLaunch",
+    "check_slot",
     "config_of",
     "fill",
     "template",
@@ -248,16 +249,26 @@ class GraphTemplates:
         try:  # each slot once, however many launches bind it
             backend.check_bindings(bound)
         except InvalidBuffer:
-            names = [f"slot {slot_id}" for slot_id in self.slot_ids]
-            names += [f"the element-count buffer of kernel {kid}" for kid in self.count_ids]
-            for name, binding in zip(names, bound, strict=True):
-                try:
-                    backend.check_bindings((binding,))
-                except InvalidBuffer as exc:  # the same error, naming the slot
-                    path = "$.slot_bindings" if name.startswith("slot") else "$.element_counts"
-                    raise InvalidBuffer(f"{name}: {exc.message}", path=path) from None
+            for slot_id in self.slot_ids:  # raises, naming the slot
+                check_slot(backend, slots[slot_id], f"slot {slot_id}")
+            for kid in self.count_ids:
+                name = f"the element-count buffer of kernel {kid}"
+                check_slot(backend, counts[kid], name, "$.element_counts")
             raise
         return buffers
+
+
+def check_slot(
+    backend: Backend, binding: BufferBinding, name: str, path: str = "$.slot_bindings"
+) -> None:
+    """Raise :class:`InvalidBuffer` unless ``binding`` is a live buffer of ``backend``.
+
+    The error's message starts with ``name`` (``slot 3``) and its path is ``path``.
+    """
+    try:
+        backend.check_bindings((binding,))
+    except InvalidBuffer as exc:
+        raise InvalidBuffer(f"{name}: {exc.message}", path=path) from None
 
 
 def _unbound(slots: Mapping[int, Any], slot_ids: Sequence[int]) -> InvalidBuffer:

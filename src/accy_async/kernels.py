@@ -345,16 +345,9 @@ class LoadedKernels:
 
     def check_live(self, prepared: PreparedLaunch) -> None:
         """Raise :class:`InvalidBuffer` unless every buffer of ``prepared`` is live here."""
-        self.check_bound(prepared.loaded, prepared.buffers)
-
-    def check_bound(self, loaded: LoadedArtifact, buffers: Sequence[BufferBinding]) -> None:
-        """Raise unless ``loaded`` is loaded here and every one of ``buffers`` is live here.
-
-        :class:`InvalidArtifact` for the kernel, :class:`InvalidBuffer` for a buffer.
-        """
-        if not self.backend.owns(loaded):
-            raise InvalidArtifact(f"{loaded!r} is not loaded on this backend")
-        self.backend.check_bindings(buffers, "$.buffers")
+        if not self.backend.owns(prepared.loaded):
+            raise InvalidArtifact(f"{prepared.loaded!r} is not loaded on this backend")
+        self.backend.check_bindings(prepared.buffers, "$.buffers")
 
     # ----- measurement ---------------------------------------------------------------------
 
