@@ -267,6 +267,7 @@ async def test_kept_results_run_on_their_actor_and_die_with_it(cluster: None) ->
     victim = actors[names.index(first.holder)]
     survivor = actors[1 - names.index(first.holder)]
     ray.kill(victim, no_restart=True)
+    await _until_dead(victim)  # the kill is asynchronous: a call sent at once may still run
     with pytest.raises(accy.RuntimeUnavailable, match="has died"):
         await router.call("saxpy_f32", first, x, a=1.0)
     with pytest.raises(accy.RuntimeUnavailable, match="has died"):
@@ -279,6 +280,17 @@ async def test_kept_results_run_on_their_actor_and_die_with_it(cluster: None) ->
     assert await router.release(*kept) == survivors
     assert await survivor.kept.remote() == 0
     assert await _close([survivor]) == [0]
+
+
+async def _until_dead(actor: Any) -> None:
+    """Return once ``actor`` answers no more (within 60 s, a loaded machine included)."""
+    with anyio.fail_after(60):
+        while True:
+            try:
+                await actor.holder.remote()
+            except ray.exceptions.RayActorError:
+                return
+            await anyio.sleep(0.05)
 
 
 @pytest.mark.gpu
