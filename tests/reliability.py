@@ -13,7 +13,6 @@ the result, so runs that finish are also checked for the right answer.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import os
 import platform
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import numpy as np
 import sniffio
 
@@ -145,7 +145,7 @@ async def pipeline_graph_scenario(backend: accy.Backend) -> float:
             )
             await launch_pipeline(backend, request)
             await launch_pipeline(backend, request)
-            forced = dataclasses.replace(request, results=(z.bind(),), device_graph=True)
+            forced = msgspec.structs.replace(request, results=(z.bind(),), device_graph=True)
             await launch_pipeline(backend, forced)
             await accy.wait_stream(backend)
         first = np.frombuffer(await accy.wait_read(backend.enqueue_read(y)), np.float32)

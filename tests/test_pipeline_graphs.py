@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -24,6 +25,7 @@ from accy_async.pipeline import (
     allocate_pipeline_intermediates,
     launch_pipeline,
     load_pipeline_artifacts,
+    resolve_launch,
 )
 
 N = 10_007
@@ -91,25 +93,25 @@ async def test_every_builtin_pipeline_gives_the_same_bytes_as_one_graph(
 
 
 async def _scan_pool(
-    backend: accy.Backend, name: str = "prefix_sum_i32"
+    backend: accy.Backend, name: str = "prefix_sum_i32", n: int = N
 ) -> tuple[p.PipelineDocument, Any, Any, list[accy.BufferHandle]]:
     document = library.load_builtin(name)
-    scalars = _scalars(name, N)
+    scalars = _scalars(name, n)
     pool = await load_pipeline_artifacts(backend, document.pipeline, document.registry)
     scratch = await allocate_pipeline_intermediates(backend, document.pipeline, scalars)
-    buffers = [backend.allocate_buffer(4 * N) for _ in range(len(document.operands) + 1)]
+    buffers = [backend.allocate_buffer(4 * n) for _ in range(len(document.operands) + 1)]
     return document, pool, scratch, buffers
 
 
 def _request(
     document: p.PipelineDocument, pool: Any, scratch: Any, buffers: list[accy.BufferHandle],
-    graph: bool | None, name: str = "prefix_sum_i32",
+    graph: bool | None, name: str = "prefix_sum_i32", size: int = N,
 ) -> PipelineLaunch:  # fmt: skip
     return PipelineLaunch.of(
         document,
         operands=tuple(b.bind("read_only") for b in buffers[:-1]),
         results=(buffers[-1].bind(),),
-        runtime_scalar_arguments=_scalars(name, N),
+        runtime_scalar_arguments=_scalars(name, size),
         intermediates=scratch,
         artifacts=pool,
         device_graph=graph,
@@ -213,18 +215,66 @@ async def test_a_pool_keeps_a_bounded_number_of_graphs() -> None:
         assert not backend.live_handles()
 
 
-async def test_new_requests_go_stage_by_stage_unless_asked() -> None:
-    """A service's every request is new (of varied sizes): no graph unless asked for."""
+async def test_new_requests_of_a_recurring_geometry_go_as_a_graph() -> None:
+    """A new request's first geometry goes stage by stage; one the pool launched before, as
+    a graph; a service whose every request has a new size never makes one unless asked."""
     async with accy.open_backend("recording") as backend:
         assert isinstance(backend, RecordingBackend)
-        document, pool, scratch, buffers = await _scan_pool(backend)
-        for _ in range(4):
-            await launch_pipeline(backend, _request(document, pool, scratch, buffers, None))
+        tile = 12_288  # the scan's elements per block: each multiple is a geometry of its own
+        document, pool, scratch, buffers = await _scan_pool(backend, n=8 * tile)
+        stages = len(document.pipeline.stages)
+        sizes = [k * tile for k in range(2, 9)]  # N (below a tile) is of the first
+        assert len({resolve_launch(pool, _scalars("prefix_sum_i32", n)).configs
+                    for n in [*sizes, N]}) == 8  # fmt: skip
+        for size in sizes:  # every request of a new geometry: a graph would not pay
+            request = _request(document, pool, scratch, buffers, None, size=size)
+            await launch_pipeline(backend, request)
         assert not backend.graph_launches and not len(pool.graphs)
+        assert len(backend.launches) == len(sizes) * stages
+        for _ in range(3):  # new requests, one size: from the second, one graph
+            await launch_pipeline(backend, _request(document, pool, scratch, buffers, None))
+        assert len(backend.graph_launches) == 2 and len(pool.graphs) == 1
+        assert len(backend.launches) == (len(sizes) + 3) * stages
+        await launch_pipeline(backend, _request(document, pool, scratch, buffers, False))
+        assert len(backend.graph_launches) == 2  # False: stage by stage, always
         for _ in range(2):
             await launch_pipeline(backend, _request(document, pool, scratch, buffers, True))
-        assert len(backend.graph_launches) == 2 and len(pool.graphs) == 1
+        assert len(backend.graph_launches) == 4 and len(pool.graphs) == 1
         await pool.aclose()
         await scratch.aclose()
         backend.destroy_all(buffers)
+        assert not backend.live_handles()
+
+
+async def test_a_new_request_neither_evicts_a_graph_nor_takes_one_of_another_stream() -> None:
+    """Launches of one graph run one after the other: a new request keeps to the stream its
+    geometry's graph runs on (other streams go stage by stage, concurrently), and a cache
+    that is full is left as it is (a service cycling through sizes would rebuild graphs)."""
+    async with accy.open_backend("recording") as backend:
+        assert isinstance(backend, RecordingBackend)
+        tile = 12_288
+        document, pool, scratch, buffers = await _scan_pool(backend, n=4 * tile)
+        pool.graphs.capacity = 1
+        first, second = backend.create_stream(), backend.create_stream()
+
+        def on(stream: accy.StreamHandle, size: int = N) -> PipelineLaunch:
+            request = _request(document, pool, scratch, buffers, None, size=size)
+            return msgspec.structs.replace(request, stream=stream)
+
+        for _ in range(2):
+            await launch_pipeline(backend, on(first))
+        assert len(backend.graph_launches) == 1  # the geometry's second request
+        for _ in range(2):
+            await launch_pipeline(backend, on(second))
+        assert len(backend.graph_launches) == 1  # its graph runs on the first stream
+        await launch_pipeline(backend, on(first))
+        assert len(backend.graph_launches) == 2
+        for _ in range(3):  # a geometry that recurs, but the cache is full
+            await launch_pipeline(backend, on(first, 2 * tile))
+        assert len(backend.graph_launches) == 2 and len(pool.graphs) == 1
+        for stream in (first, second):
+            await accy.wait_stream(backend, stream)
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all([*buffers, first, second])
         assert not backend.live_handles()

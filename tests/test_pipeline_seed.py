@@ -6,7 +6,6 @@ external buffer of the recording backend (not counted as an allocation).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -159,7 +158,7 @@ async def test_pipeline_executor_rejects_undersized_or_miscounted_provided_inter
 
 
 def replace(launch: PipelineLaunch, **changes: object) -> PipelineLaunch:
-    return dataclasses.replace(launch, **changes)  # type: ignore[arg-type]
+    return msgspec.structs.replace(launch, **changes)
 
 
 async def test_pipeline_executor_launches_from_a_loaded_artifact_pool_without_driver_round_trips(

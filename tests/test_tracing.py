@@ -58,6 +58,7 @@ async def _two_tasks_of_scans(backend: accy.Backend) -> list[np.ndarray[Any, Any
                     intermediates=scratch,
                     artifacts=pool,
                     stream=stream,
+                    device_graph=False,  # each stage its own span (the second would be a graph)
                 )
                 await launch_pipeline(backend, request)
                 await accy.wait_stream(backend, stream)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Final, overload
 
 from ._graph_cache import GraphCache
 from ._loops import checkpoint
@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the launch sits above its pool; the pool only remembers lau
     from .pipeline import PipelineLaunch
 
 __all__ = [
+    "SIGHTINGS",
     "LaunchMemo",
     "PipelineArtifactPool",
     "PipelineIntermediates",
@@ -52,6 +53,10 @@ __all__ = [
     "allocate_pipeline_intermediates",
     "load_pipeline_artifacts",
 ]
+
+
+SIGHTINGS: Final = 64
+"""Geometries a pool remembers having launched (to tell a recurring one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,8 @@ class PipelineArtifactPool:
         """Requests launched once (by id): a second launch packs them into a memo."""
         self.graphs = GraphCache(backend)
         """The stages as one instantiated graph, per geometry."""
+        self._sightings: OrderedDict[tuple[LaunchConfig, ...], None] = OrderedDict()
+        """Geometries launched (the newest few): one seen again goes as a graph."""
 
     @property
     def target(self) -> str:
@@ -115,6 +122,29 @@ class PipelineArtifactPool:
             wanted=wanted,
             what=f"the {self.target} pipeline",
         )
+
+    def takes_graph(self, configs: tuple[LaunchConfig, ...], stream: StreamHandle) -> bool:
+        """Whether a new request at ``configs`` on ``stream`` goes as one graph by default.
+
+        Yes when the pool's graph of that geometry last ran on ``stream`` (or
+        never ran), or when the geometry recurs (the pool remembers the last
+        :data:`SIGHTINGS`) and the cache has room: a new request never evicts a
+        graph (a service cycling through many sizes would instantiate one per
+        request), and never takes a graph running on another stream (launches of
+        one graph run one after the other: the streams would wait for each other).
+        """
+        graphs = self.graphs
+        graph = graphs.graphs.get(configs)
+        if graph is not None:
+            return graph.last_stream is None or graph.last_stream is stream
+        sightings = self._sightings
+        if configs in sightings:
+            sightings.move_to_end(configs)
+            return len(graphs) < graphs.capacity
+        sightings[configs] = None
+        if len(sightings) > SIGHTINGS:
+            sightings.popitem(last=False)
+        return False
 
     def accept(self, backend: Backend, program: Program, format: ArtifactFormat) -> None:
         """Check that the pool fits a launch of ``program`` in ``format`` on ``backend``.
@@ -180,6 +210,9 @@ class PipelineIntermediates(Sequence[BufferBinding]):
         self.closed = False
         self.handle_ids: frozenset[int] = frozenset(id(binding.handle) for binding in bindings)
         """The buffers' identities, for the check that no operand aliases one."""
+        self.checked: tuple[int, Sequence[int]] | None = None
+        """The backend's :attr:`~accy_async.backends.Backend.removals` and the sizes when the
+        buffers were last checked live and large enough (nothing destroyed since: they are)."""
 
     @overload
     def __getitem__(self, index: int) -> BufferBinding: ...

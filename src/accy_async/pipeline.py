@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from . import _loops
 from ._loops import admit
@@ -61,6 +62,7 @@ from .backends import (
     Backend,
     BufferBinding,
     BufferHandle,
+    LaunchConfig,
     LoadedArtifact,
     StageLauncher,
     StreamHandle,
@@ -100,13 +102,17 @@ _MEMO_CAPACITY: Final = 64
 _logger: Final = logging.getLogger("accy_async")
 
 
-@dataclass(frozen=True, slots=True)
-class PipelineLaunch:
+class PipelineLaunch(msgspec.Struct, frozen=True):
     """One run of a pipeline (the seed's ``PipelineLaunch``).
 
     ``intermediates`` and ``artifacts`` are optional: without them the call
     allocates and loads what it needs and waits for completion before freeing
     it. ``stream`` defaults to the backend's default stream.
+
+    Immutable (a frozen struct, cheap to make: a request per call costs about
+    0.2 µs); change one with :func:`msgspec.structs.replace`. It holds live
+    handles, so it is not encoded: a plan document (:class:`PipelineDocument`)
+    is what travels.
     """
 
     pipeline: KernelCallPipeline
@@ -132,13 +138,15 @@ class PipelineLaunch:
     device_graph: bool | None = None
     """Whether the stages go to the device as one graph (see :meth:`Backend.instantiate_graph`).
 
-    ``None`` (the default) decides: a request of two or more stages
-    relaunched through a pool with its scratch (the same ``PipelineLaunch``
-    object again) goes as one graph, instantiated once per geometry and kept
-    by the pool; a relaunch patches nothing (one submission for every stage).
-    A request launched once goes stage by stage: a service whose every request
-    is new, of varied sizes, would pay an instantiation per size and a patch
-    per stage for nothing. A backend that cannot make graphs falls back to one
+    ``None`` (the default) decides: a request of two or more stages through
+    a pool with its scratch goes as one graph when its geometry came before
+    (the same ``PipelineLaunch`` relaunched, or a new request whose scalars
+    give launch configurations the pool has launched already), instantiated
+    once per geometry and kept by the pool; a relaunched request patches
+    nothing (one submission for every stage), a new one puts its buffers and
+    scalars in. The first request of a geometry goes stage by stage: a
+    service whose every request has a new size would pay an instantiation per
+    size for nothing. A backend that cannot make graphs falls back to one
     launch per stage, saying so once in the log.
     ``True``: every launch through a pool with its scratch goes as a graph
     (arguments patched in as they change), and a failure to make one raises.
@@ -228,86 +236,30 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             path="$.results",
         )
     resolved = resolve_program(program, request.runtime_scalar_arguments)
+    given = request.stream
+    stream = (
+        given if given is None or isinstance(given, StreamHandle) else backend.adopt_stream(given)
+    )
+    as_graph = False
     if pool is not None:
         pool.accept(backend, program, fmt)
-        if (
-            provided is not None
-            and not pool.graphs.prepared
-            and _as_graph(request, seen_before, len(pool.entries))
-        ):
-            await pool.graphs.prepare([entry.loaded for entry in pool.entries])
-            pool.accept(backend, program, fmt)  # still open after the await
-    stream = request.stream
-    if stream is not None:
-        if type(stream) is not StreamHandle:
-            stream = backend.adopt_stream(stream)
-        elif not backend.owns(stream):
-            raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")
+        if provided is not None:
+            where = backend.default_stream if stream is None else stream
+            as_graph = _as_graph(request, seen_before, pool, resolved.configs, where)
+            if as_graph and not pool.graphs.prepared:
+                await pool.graphs.prepare([entry.loaded for entry in pool.entries])
+                pool.accept(backend, program, fmt)  # still open after the await
+    if stream is given and stream is not None and not backend.owns(stream):
+        raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")
     backend.check_bindings(operands, "$.operands")
     backend.check_bindings(results, "$.results")
     if request.operand_shapes or request.result_shapes:
         _check_shapes(request, resolved.arguments)
     if provided is not None:
         _check_intermediates(backend, provided, resolved.intermediate_sizes, request)
-
     if pool is not None and provided is not None:
         # The caller owns everything: enqueue the stages and return without waiting.
-        pool.streams_used.add(stream)
-        if isinstance(provided, PipelineIntermediates):
-            provided.streams_used.add(stream)
-        sources = (operands, results, provided)
-        wanted = request.device_graph
-        if not seen_before and wanted is not True:
-            # Most requests come once: stage by stage, and only remembered (see below).
-            for stage_index, launcher in enumerate(pool.launchers):
-                _launch_stage(launcher, resolved, stage_index, sources, stream)
-            pool.seen[id(request)] = request
-            if len(pool.seen) > _MEMO_CAPACITY:
-                pool.seen.popitem(last=False)
-            return
-        stages = []
-        arguments = tuple(
-            (
-                tuple([sources[source][index] for source, index in resolved.refs[stage_index]]),
-                resolved.stage_scalars[stage_index],
-            )
-            for stage_index in range(len(pool.launchers))
-        )
-        as_graph = _as_graph(request, seen_before, len(arguments))
-        graph = pool.graph_for(resolved.configs, wanted) if as_graph else None
-        if graph is not None:
-            backend.launch_graph_exec_trusted(graph, arguments, stream)
-        else:
-            for launcher, (buffers, scalars), config in zip(
-                pool.launchers, arguments, resolved.configs, strict=True
-            ):
-                launcher(buffers, scalars, config, stream)
-        if seen_before:
-            for launcher, (buffers, scalars), config in zip(
-                pool.launchers, arguments, resolved.configs, strict=True
-            ):
-                stages.append((launcher, launcher.prepare(buffers, scalars), config))
-        # A request seen for the first time is only remembered (packing costs more than a
-        # launch, and most requests come once); launched again, it is packed to relaunch.
-        if not seen_before:
-            pool.seen[id(request)] = request
-            if len(pool.seen) > _MEMO_CAPACITY:
-                pool.seen.popitem(last=False)
-            return
-        pool.seen.pop(id(request), None)
-        immutable = all(isinstance(each, tuple | PipelineIntermediates) for each in sources)
-        pool.memos[id(request)] = LaunchMemo(
-            request,
-            stream,
-            sources,
-            (*operands, *results, *provided),
-            tuple(stages),
-            arguments if as_graph else None,
-            resolved.configs,
-            immutable,
-        )
-        if len(pool.memos) > _MEMO_CAPACITY:
-            pool.memos.popitem(last=False)
+        _enqueue_with_pool(backend, request, pool, resolved, stream, seen_before, as_graph)
         return
     owned: list[BufferHandle | LoadedArtifact] = []
     loading = False
@@ -348,6 +300,69 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         await release_when_idle(backend, owned, [stream])
         raise
     backend.destroy_all(owned)
+
+
+def _enqueue_with_pool(
+    backend: Backend,
+    request: PipelineLaunch,
+    pool: PipelineArtifactPool,
+    resolved: Resolution,
+    stream: StreamHandle | None,
+    seen_before: bool,
+    as_graph: bool,
+) -> None:
+    """Enqueue a checked request that brings its pool and scratch, and remember it.
+
+    A request seen for the first time is only remembered (packing costs more
+    than a launch, and most requests come once); launched again, its stages'
+    arguments are packed into a :class:`LaunchMemo` for its relaunches.
+    """
+    operands, results, provided = request.operands, request.results, request.intermediates
+    assert provided is not None
+    pool.streams_used.add(stream)
+    scratch: Sequence[BufferBinding] = provided
+    if isinstance(provided, PipelineIntermediates):
+        provided.streams_used.add(stream)
+        scratch = provided.bindings  # a tuple: indexed without a Python call
+    sources = (operands, results, scratch)
+    refs, stage_scalars = resolved.refs, resolved.stage_scalars
+    arguments = tuple(
+        (tuple([sources[source][index] for source, index in refs[stage]]), stage_scalars[stage])
+        for stage in range(len(refs))
+    )
+    graph = pool.graph_for(resolved.configs, request.device_graph) if as_graph else None
+    if graph is not None:
+        backend.launch_graph_exec_trusted(graph, arguments, stream)
+    else:
+        for launcher, (buffers, scalars), config in zip(
+            pool.launchers, arguments, resolved.configs, strict=True
+        ):
+            launcher(buffers, scalars, config, stream)
+    if not seen_before:
+        pool.seen[id(request)] = request
+        if len(pool.seen) > _MEMO_CAPACITY:
+            pool.seen.popitem(last=False)
+        return
+    pool.seen.pop(id(request), None)
+    stages = tuple(
+        (launcher, launcher.prepare(buffers, scalars), config)
+        for launcher, (buffers, scalars), config in zip(
+            pool.launchers, arguments, resolved.configs, strict=True
+        )
+    )
+    sequences = (operands, results, provided)
+    pool.memos[id(request)] = LaunchMemo(
+        request,
+        stream,
+        sequences,
+        (*operands, *results, *scratch),
+        stages,
+        arguments if as_graph else None,
+        resolved.configs,
+        all(isinstance(each, tuple | PipelineIntermediates) for each in sequences),
+    )
+    if len(pool.memos) > _MEMO_CAPACITY:
+        pool.memos.popitem(last=False)
 
 
 def resolve_launch(
@@ -407,13 +422,25 @@ def enqueue_checked(
         _launch_stage(launcher, resolution, stage_index, sources, stream)
 
 
-def _as_graph(request: PipelineLaunch, seen_before: bool, stage_count: int) -> bool:
+def _as_graph(
+    request: PipelineLaunch,
+    seen_before: bool,
+    pool: PipelineArtifactPool,
+    configs: tuple[LaunchConfig, ...],
+    stream: StreamHandle,
+) -> bool:
     """Whether a launch through a pool and scratch goes as one device graph.
 
-    ``True`` always; ``None`` for a request of several stages launched before.
+    ``True`` and ``False`` as the request says; ``None``: a request of several
+    stages launched before, or a new one whose geometry recurs on its stream
+    (:meth:`PipelineArtifactPool.takes_graph`), where the backend makes graphs.
     """
     wanted = request.device_graph
-    return wanted is True or (wanted is None and seen_before and stage_count > 1)
+    if wanted is not None:
+        return wanted
+    if len(pool.launchers) < 2 or pool.graphs.unavailable is not None:
+        return False
+    return seen_before or pool.takes_graph(configs, stream)
 
 
 def _check_open(pool: PipelineArtifactPool, intermediates: object) -> None:
@@ -513,21 +540,15 @@ def _check_intermediates(
     _refuse_closed_scratch(provided)
     if not provided and not sizes:
         return  # no scratch needed, none given
-    if len(provided) != len(sizes):
-        raise LaunchArgumentMismatch(
-            f"the pipeline has {len(sizes)} intermediates, {len(provided)} were given",
-            path="$.intermediates",
-        )
-    backend.check_bindings(provided, "$.intermediates")
-    for index, (binding, size) in enumerate(zip(provided, sizes, strict=True)):
-        if binding.byte_size < size:
-            raise LaunchArgumentMismatch(
-                f"intermediate {index} has {binding.byte_size} bytes, the launch needs {size}",
-                path=f"$.intermediates[{index}]",
-            )
-    if isinstance(provided, PipelineIntermediates):
-        scratch: frozenset[int] | set[int] = provided.handle_ids
+    scratch: frozenset[int] | set[int]
+    if isinstance(provided, PipelineIntermediates) and provided.backend is backend:
+        removals = backend.removals
+        if provided.checked != (removals, sizes):
+            _check_scratch(backend, provided.bindings, sizes)
+            provided.checked = (removals, sizes)
+        scratch = provided.handle_ids
     else:
+        _check_scratch(backend, provided, sizes)
         scratch = {id(binding.handle) for binding in provided}
     if len(scratch) == len(provided) and scratch.isdisjoint(
         [id(binding.handle) for binding in request.operands]
@@ -547,3 +568,21 @@ def _check_intermediates(
                     raise LaunchArgumentMismatch(
                         f"intermediate {index} aliases {what} {other_index}", path=path
                     )
+
+
+def _check_scratch(
+    backend: Backend, provided: Sequence[BufferBinding], sizes: Sequence[int]
+) -> None:
+    """Each scratch buffer is given, live and at least its intermediate's size."""
+    if len(provided) != len(sizes):
+        raise LaunchArgumentMismatch(
+            f"the pipeline has {len(sizes)} intermediates, {len(provided)} were given",
+            path="$.intermediates",
+        )
+    backend.check_bindings(provided, "$.intermediates")
+    for index, (binding, size) in enumerate(zip(provided, sizes, strict=True)):
+        if binding.byte_size < size:
+            raise LaunchArgumentMismatch(
+                f"intermediate {index} has {binding.byte_size} bytes, the launch needs {size}",
+                path=f"$.intermediates[{index}]",
+            )

@@ -12,7 +12,6 @@ backend's graph launch with new pointers and scalars for all 100 nodes each call
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +68,7 @@ async def device_graph_rows(
     stages = 3
     calls = GRAPH_NODES // stages
 
-    relaunched = dataclasses.replace(rig.request, device_graph=True)
+    relaunched = msgspec.structs.replace(rig.request, device_graph=True)
 
     async def pipeline_relaunched() -> None:
         for _ in range(calls):
@@ -82,7 +81,7 @@ async def device_graph_rows(
 
     async def pipeline_fresh() -> None:
         for _ in range(calls):
-            await launch_pipeline(backend, dataclasses.replace(relaunched))
+            await launch_pipeline(backend, msgspec.structs.replace(relaunched))
 
     rows[
         "accy await launch_pipeline as one device graph, fresh request each call, per stage"

@@ -12,6 +12,7 @@ import anyio.lowlevel
 import msgspec
 
 from accy_async import (
+    BufferHandle,
     LaunchConfig,
     PipelineLaunch,
     SlotBinding,
@@ -30,7 +31,10 @@ from accy_async import plan as p
 from .graphs import GraphRig, device_graph_rows
 from .rig import BATCH, KERNELS, Rig, driver, paired_us
 
-__all__ = ["launch_accy", "launch_anchors"]
+__all__ = ["RING", "launch_accy", "launch_anchors"]
+
+RING = 8
+"""Operand and result pairs that the new-buffers row launches in turn."""
 
 
 def _per_call_us(run_batch: Callable[[], None], sync: Callable[[], None], repeat: int) -> float:
@@ -276,18 +280,24 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
             raw, pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3
         )
 
-        def fresh(plan: p.KernelCallPipeline, plan_pool: Any) -> PipelineLaunch:
+        def fresh(
+            plan: p.KernelCallPipeline,
+            plan_pool: Any,
+            graph: bool | None = None,
+            operand: BufferHandle = b,
+            result: BufferHandle = a,
+        ) -> PipelineLaunch:
             return PipelineLaunch(
                 pipeline=plan,
                 registry=registry,
                 format=p.ArtifactFormat.CUDA_SOURCE,
-                operands=(b.bind("read_only"),),
-                results=(a.bind(),),
+                operands=(operand.bind("read_only"),),
+                results=(result.bind(),),
                 runtime_scalar_arguments=arguments,
                 intermediates=scratch if plan.intermediates else (),
                 artifacts=plan_pool,
                 stream=stream,
-                device_graph=False,
+                device_graph=graph,
             )
 
         async def fresh_pipelines() -> None:
@@ -297,6 +307,29 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
         rows[
             "accy await launch_pipeline, fresh request each call, per stage (3 stages)"
         ] = await paired_us(raw, fresh_pipelines, sync, repeat, launches_per_batch=BATCH // 3 * 3)
+        ring = [backend.allocate_buffer(1024) for _ in range(2 * RING)]
+
+        async def fresh_buffers() -> None:
+            for index in range(BATCH // 3):
+                slot = 2 * (index % RING)
+                request = fresh(pipeline, pool, None, ring[slot], ring[slot + 1])
+                await launch_pipeline(backend, request)
+
+        rows[
+            f"accy await launch_pipeline, fresh request and new buffers each call ({RING} pairs "
+            "in turn), per stage (3 stages)"
+        ] = await paired_us(raw, fresh_buffers, sync, repeat, launches_per_batch=BATCH // 3 * 3)
+
+        async def fresh_stage_by_stage() -> None:
+            for _ in range(BATCH // 3):
+                await launch_pipeline(backend, fresh(pipeline, pool, False))
+
+        rows[
+            "accy await launch_pipeline, fresh request each call, stage by stage "
+            "(device_graph=False), per stage (3 stages)"
+        ] = await paired_us(
+            raw, fresh_stage_by_stage, sync, repeat, launches_per_batch=BATCH // 3 * 3
+        )
         one_stage = msgspec.structs.replace(
             pipeline, target="bench.one_stage", intermediates=(), stages=(pipeline.stages[2],)
         )
@@ -345,7 +378,7 @@ async def launch_accy(repeat: int) -> dict[str, Any]:
         )
         await pool.aclose()
         await scratch.aclose()
-        backend.destroy_all([loaded, a, b, stream])
+        backend.destroy_all([loaded, a, b, stream, *ring])
     return rows
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 from ..errors import LaunchArgumentMismatch
 from ..plan import ScalarArgument
-from ._handles import BufferBinding, DeviceObject, LoadedArtifact
+from ._handles import BufferBinding, DeviceObject, LoadedArtifact, StreamHandle
 from ._launch_config import LaunchConfig
 
 __all__ = ["GraphExec", "GraphNode", "NodeArguments", "check_graph_nodes"]
@@ -49,7 +49,7 @@ class GraphExec(DeviceObject):
     are the nodes it was made of; ``native`` is the backend's own.
     """
 
-    __slots__ = ("nodes",)
+    __slots__ = ("last_stream", "nodes")
     kind = "graph"
 
     def __init__(
@@ -57,6 +57,10 @@ class GraphExec(DeviceObject):
     ) -> None:
         super().__init__(backend_id, object_id, native)
         self.nodes = nodes
+        self.last_stream: StreamHandle | None = None
+        """The stream of its last launch, ``None`` before the first. A launch on another
+        stream runs after that one ends: callers that choose by themselves whether to
+        use a graph keep to its stream, so streams stay concurrent."""
 
 
 def check_graph_nodes(nodes: Sequence[GraphNode]) -> None:

@@ -178,16 +178,17 @@ class GraphOperations(BackendCore):
     ) -> None:
         if self.tracer is None:
             self._launch_graph(graph, arguments, stream, wait_events, signal_event)
-            return
-        self._traced(
-            "graph",
-            f"graph {graph.id} of {len(graph.nodes)} nodes",
-            stream,
-            lambda: self._launch_graph(graph, arguments, stream, (), None),
-            wait_events=wait_events,
-            signal_event=signal_event,
-            nodes=[node.loaded.artifact.spec.kernel_name for node in graph.nodes],
-        )
+        else:
+            self._traced(
+                "graph",
+                f"graph {graph.id} of {len(graph.nodes)} nodes",
+                stream,
+                lambda: self._launch_graph(graph, arguments, stream, (), None),
+                wait_events=wait_events,
+                signal_event=signal_event,
+                nodes=[node.loaded.artifact.spec.kernel_name for node in graph.nodes],
+            )
+        graph.last_stream = stream
 
     # ----- the defaults: a graph replayed node by node ---------------------------------------
 
