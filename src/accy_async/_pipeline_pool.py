@@ -112,6 +112,10 @@ class PipelineArtifactPool:
 
     def graph_for(self, configs: tuple[LaunchConfig, ...], wanted: bool | None) -> GraphExec | None:
         """The stages at ``configs`` as one graph (see :class:`GraphCache`)."""
+        graph = self.graphs.graphs.get(configs)
+        if graph is not None:  # the hot path: no closures made
+            self.graphs.graphs.move_to_end(configs)
+            return graph
         return self.graphs.get(
             configs,
             lambda: [

@@ -546,7 +546,12 @@ def _check_intermediates(
         if provided.checked != (removals, sizes):
             _check_scratch(backend, provided.bindings, sizes)
             provided.checked = (removals, sizes)
-        scratch = provided.handle_ids
+        scratch = provided.handle_ids  # distinct buffers, allocated for them
+        for binding in (*request.operands, *request.results):
+            if id(binding.handle) in scratch:
+                break  # an alias: named below
+        else:
+            return
     else:
         _check_scratch(backend, provided, sizes)
         scratch = {id(binding.handle) for binding in provided}
