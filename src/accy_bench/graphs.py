@@ -31,7 +31,7 @@ from accy_async import (
 from accy_async import plan as p
 from accy_async.backends import Backend, GraphNode, LaunchConfig
 
-from .rig import paired_us
+from .rig import BATCH, paired_us
 
 __all__ = ["DISTINCT_KERNELS", "GRAPH_LAUNCHES", "GRAPH_NODES", "GraphRig", "device_graph_rows"]
 
@@ -66,7 +66,7 @@ async def device_graph_rows(
     rows: dict[str, Any] = {}
     backend, stream = rig.backend, rig.stream
     stages = 3
-    calls = GRAPH_NODES // stages
+    calls = BATCH // stages  # as many requests a batch as the stage-by-stage pipeline rows
 
     relaunched = msgspec.structs.replace(rig.request, device_graph=True)
 
