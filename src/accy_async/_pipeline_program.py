@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from functools import partial
+from operator import itemgetter
+from typing import Any, Final, TypeAlias
 
 from ._cache import IdentityCache
 from .backends import Backend, LaunchConfig
@@ -43,6 +45,7 @@ from .plan.geometry import MAX_GRID_X, MAX_GRID_YZ, Quantity
 from .plan.scalars import F32_MAX, F64, SCALAR_CLASSES, integer_value
 
 __all__ = [
+    "Picker",
     "Program",
     "Resolution",
     "choose_format",
@@ -50,6 +53,7 @@ __all__ = [
     "program_of",
     "resolve_program",
     "resolve_step_by_step",
+    "stage_pickers",
 ]
 
 _MAX_BYTES: Final = 2**63 - 1
@@ -65,6 +69,8 @@ class Program:
     entries: tuple[RegistryEntry, ...]
     refs: tuple[tuple[tuple[int, int], ...], ...]
     """Per stage, each buffer as ``(source, index)``: 0 operand, 1 result, 2 intermediate."""
+    pickers: tuple[Picker, ...]
+    """Per stage, its buffers picked from the operands, results and scratch in one tuple."""
     resolved: OrderedDict[tuple[ScalarArgument | int | float, ...], Resolution]
     resolver: _Resolver
     """Resolves scalars not seen before (the plan laid out once): see :class:`_Resolver`."""
@@ -85,6 +91,37 @@ class Resolution:
     intermediate_sizes: tuple[int, ...]
     refs: tuple[tuple[tuple[int, int], ...], ...]
     """Per stage, each buffer as ``(source, index)`` (the pipeline's, kept here for launches)."""
+    pickers: tuple[Picker, ...]
+    """Per stage, a function of ``(*operands, *results, *intermediates)`` giving its buffers."""
+
+
+Picker: TypeAlias = Callable[[Sequence[Any]], tuple[Any, ...]]
+"""A stage's buffers picked from a launch's buffers laid end to end."""
+
+
+def stage_pickers(
+    refs: tuple[tuple[tuple[int, int], ...], ...], operand_count: int, result_count: int
+) -> tuple[Picker, ...]:
+    """Each stage's buffers as one call on ``(*operands, *results, *intermediates)``."""
+    offsets = (0, operand_count, operand_count + result_count)
+    pickers: list[Picker] = []
+    for stage in refs:
+        places = [offsets[source] + index for source, index in stage]
+        if len(places) >= 2:
+            pickers.append(itemgetter(*places))
+        elif places:
+            pickers.append(partial(_one, places[0]))
+        else:
+            pickers.append(_none)
+    return tuple(pickers)
+
+
+def _one(place: int, flat: Sequence[Any]) -> tuple[Any, ...]:
+    return (flat[place],)
+
+
+def _none(flat: Sequence[Any]) -> tuple[Any, ...]:
+    return ()
 
 
 _programs: IdentityCache[Program] = IdentityCache(128)
@@ -110,6 +147,7 @@ def program_of(
         )
         for stage in pipeline.stages
     )
+    pickers = stage_pickers(refs, pipeline.operand_count, pipeline.result_count)
     return _programs.put(
         (pipeline, registry),
         Program(
@@ -118,8 +156,9 @@ def program_of(
             format,
             entries,
             refs,
+            pickers,
             OrderedDict(),
-            _Resolver(pipeline, entries, refs),
+            _Resolver(pipeline, entries, refs, pickers),
         ),
         format,
     )
@@ -184,7 +223,14 @@ def resolve_step_by_step(program: Program, arguments: tuple[ScalarArgument, ...]
         scalars = tuple(_derive(derivation, arguments, stage_index) for derivation in stage.scalars)
         stage_scalars.append(scalars)
         configs.append(LaunchConfig(*entry.launch.resolve(scalars)))
-    return Resolution(tuple(arguments), tuple(stage_scalars), tuple(configs), sizes, program.refs)
+    return Resolution(
+        tuple(arguments),
+        tuple(stage_scalars),
+        tuple(configs),
+        sizes,
+        program.refs,
+        program.pickers,
+    )
 
 
 _FIXED, _FORWARD, _CEIL_DIV = 0, 1, 2
@@ -219,6 +265,7 @@ class _Resolver:
         "_bounds",
         "_count",
         "_intermediates",
+        "_pickers",
         "_refs",
         "_stages",
         "_types",
@@ -230,8 +277,10 @@ class _Resolver:
         pipeline: KernelCallPipeline,
         entries: Sequence[RegistryEntry],
         refs: tuple[tuple[tuple[int, int], ...], ...],
+        pickers: tuple[Picker, ...],
     ) -> None:
         self._refs = refs
+        self._pickers = pickers
         self._count = pipeline.runtime_scalar_argument_count
         types = pipeline.runtime_scalar_types
         self._types = tuple(SCALAR_CLASSES[name] for name in types)
@@ -358,7 +407,14 @@ class _Resolver:
             configs.append(
                 LaunchConfig.unchecked((x, y, z), config.block, config.shared_memory_bytes)
             )
-        return Resolution(arguments, tuple(stage_scalars), tuple(configs), tuple(sizes), self._refs)
+        return Resolution(
+            arguments,
+            tuple(stage_scalars),
+            tuple(configs),
+            tuple(sizes),
+            self._refs,
+            self._pickers,
+        )
 
 
 def _quantity(kind: int, what: int, divisor: int, values: Sequence[int | None]) -> int | None:

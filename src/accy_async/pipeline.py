@@ -324,11 +324,9 @@ def _enqueue_with_pool(
     if isinstance(provided, PipelineIntermediates):
         provided.streams_used.add(stream)
         scratch = provided.bindings  # a tuple: indexed without a Python call
-    sources = (operands, results, scratch)
-    refs, stage_scalars = resolved.refs, resolved.stage_scalars
+    flat = (*operands, *results, *scratch)
     arguments = tuple(
-        (tuple([sources[source][index] for source, index in refs[stage]]), stage_scalars[stage])
-        for stage in range(len(refs))
+        zip([pick(flat) for pick in resolved.pickers], resolved.stage_scalars, strict=True)
     )
     graph = pool.graph_for(resolved.configs, request.device_graph) if as_graph else None
     if graph is not None:
@@ -355,7 +353,7 @@ def _enqueue_with_pool(
         request,
         stream,
         sequences,
-        (*operands, *results, *scratch),
+        flat,
         stages,
         arguments if as_graph else None,
         resolved.configs,
