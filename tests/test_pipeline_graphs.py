@@ -222,6 +222,7 @@ async def test_new_requests_of_a_recurring_geometry_go_as_a_graph() -> None:
         assert isinstance(backend, RecordingBackend)
         tile = 12_288  # the scan's elements per block: each multiple is a geometry of its own
         document, pool, scratch, buffers = await _scan_pool(backend, n=8 * tile)
+        assert pool.graphs.prepared  # readied when loaded: a first graph waits for nothing
         stages = len(document.pipeline.stages)
         sizes = [k * tile for k in range(2, 9)]  # N (below a tile) is of the first
         assert len({resolve_launch(pool, _scalars("prefix_sum_i32", n)).configs

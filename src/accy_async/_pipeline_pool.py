@@ -305,8 +305,11 @@ async def load_pipeline_artifacts(
 
     ``format`` defaults to :func:`choose_format`'s (the backend's most
     preferred that the registry has). The whole chain is checked against the
-    registry first. A failure (or a cancellation) part way unloads the stages
-    already loaded.
+    registry first. A pipeline of several stages also readies its kernels for
+    device graphs (:meth:`~accy_async.backends.Backend.prepare_graph_kernels`:
+    on CUDA each gets its argument-table variant, compiled off the loop), so
+    the first launch that goes as a graph does not wait for that. A failure
+    (or a cancellation) part way unloads the stages already loaded.
     """
     await checkpoint()
     if format is None:
@@ -317,10 +320,13 @@ async def load_pipeline_artifacts(
         for entry in program.entries:
             artifact = await backend.create_artifact(entry.artifact_spec())
             entries.append(PoolEntry(artifact, await backend.load_artifact(artifact)))
+        pool = PipelineArtifactPool(backend, program, entries)
+        if len(entries) > 1:
+            await pool.graphs.prepare([pool_entry.loaded for pool_entry in entries])
     except BaseException:
         backend.destroy_all([pool_entry.loaded for pool_entry in entries])
         raise
-    return PipelineArtifactPool(backend, program, entries)
+    return pool
 
 
 async def allocate_pipeline_intermediates(
