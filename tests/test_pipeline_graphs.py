@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import anyio
 import msgspec
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from accy_async import library
 from accy_async import plan as p
 from accy_async.backends import RecordingBackend
 from accy_async.pipeline import (
+    PipelineIntermediates,
     PipelineLaunch,
     allocate_pipeline_intermediates,
     launch_pipeline,
@@ -278,4 +280,120 @@ async def test_a_new_request_neither_evicts_a_graph_nor_takes_one_of_another_str
         await pool.aclose()
         await scratch.aclose()
         backend.destroy_all([*buffers, first, second])
+        assert not backend.live_handles()
+
+
+async def test_a_scratch_set_built_by_hand_that_repeats_a_buffer_is_refused() -> None:
+    async with accy.open_backend("recording") as backend:
+        assert isinstance(backend, RecordingBackend)
+        document, pool, scratch, buffers = await _scan_pool(backend)
+        sizes = resolve_launch(pool, _scalars("prefix_sum_i32", N)).intermediate_sizes
+        big = backend.allocate_buffer(max(sizes))
+        twice = PipelineIntermediates(backend, [big.bind() for _ in sizes])
+        request = msgspec.structs.replace(
+            _request(document, pool, scratch, buffers, None), intermediates=twice
+        )
+        assert len(sizes) == 2
+        with pytest.raises(accy.LaunchArgumentMismatch, match="aliases intermediate 0"):
+            await launch_pipeline(backend, request)
+        assert not backend.launches
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all([*buffers, big])
+        assert not backend.live_handles()
+
+
+async def test_a_graph_whose_stream_was_destroyed_serves_new_requests_on_others() -> None:
+    async with accy.open_backend("recording") as backend:
+        assert isinstance(backend, RecordingBackend)
+        document, pool, scratch, buffers = await _scan_pool(backend)
+        worker = backend.create_stream()
+        for _ in range(2):
+            request = _request(document, pool, scratch, buffers, None)
+            await launch_pipeline(backend, msgspec.structs.replace(request, stream=worker))
+        assert len(backend.graph_launches) == 1
+        await accy.wait_stream(backend, worker)
+        backend.destroy(worker)
+        for _ in range(2):  # on the default stream: the graph's stream is gone
+            await launch_pipeline(backend, _request(document, pool, scratch, buffers, None))
+        assert len(backend.graph_launches) == 3
+        await accy.wait_stream(backend)
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all(buffers)
+        assert not backend.live_handles()
+
+
+@pytest.mark.parametrize("evict", [False, True])
+async def test_launches_deciding_together_keep_the_graph_rules_across_a_prepare(
+    evict: bool,
+) -> None:
+    """A launch that awaits the pool's preparation decides again after it: two streams do
+    not share one graph, and a new request does not evict one from a full cache."""
+    async with accy.open_backend("recording") as backend:
+        assert isinstance(backend, RecordingBackend)
+        tile = 12_288
+        document, pool, scratch, buffers = await _scan_pool(backend, n=4 * tile)
+        pool.graphs.prepared = False  # as if not readied at load: the first graph awaits it
+        a, b = backend.create_stream(), backend.create_stream()
+
+        def on(stream: accy.StreamHandle, size: int) -> PipelineLaunch:
+            request = _request(document, pool, scratch, buffers, None, size=size)
+            return msgspec.structs.replace(request, stream=stream)
+
+        if evict:
+            pool.graphs.capacity = 1
+            jobs = [(a, tile), (a, 2 * tile)]  # two geometries, each sighted once
+            sighted = jobs
+        else:
+            jobs = [(a, tile), (b, tile)]  # one geometry, two streams
+            sighted = jobs[:1]
+        for stream, size in sighted:
+            await launch_pipeline(backend, on(stream, size))
+        async with anyio.create_task_group() as group:
+            for stream, size in jobs:
+                group.start_soon(launch_pipeline, backend, on(stream, size))
+        assert len(backend.graph_launches) == 1, backend.graph_launches
+        assert len(pool.graphs) == 1 and not backend.destroyed_ids
+        for stream in (a, b):
+            await accy.wait_stream(backend, stream)
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all([*buffers, a, b])
+        assert not backend.live_handles()
+
+
+async def test_an_adopted_stream_forgotten_during_a_prepare_is_adopted_again() -> None:
+    raw = 0xABC0  # a foreign stream's raw handle (the recording backend adopts any)
+    async with accy.open_backend("recording") as backend:
+        assert isinstance(backend, RecordingBackend)
+        document, pool, scratch, buffers = await _scan_pool(backend)
+        pool.graphs.prepared = False  # the launch below awaits the preparation
+        entered = anyio.Event()
+        prepare = backend.prepare_graph_kernels
+
+        async def slow_prepare(loaded: Any) -> None:
+            entered.set()
+            await anyio.sleep(0.01)
+            await prepare(loaded)
+
+        backend.prepare_graph_kernels = slow_prepare  # type: ignore[method-assign]
+
+        async def forget() -> None:
+            await entered.wait()
+            backend.destroy(backend.adopt_stream(raw))
+
+        request = msgspec.structs.replace(
+            _request(document, pool, scratch, buffers, True), stream=raw
+        )
+        async with anyio.create_task_group() as group:
+            group.start_soon(forget)
+            await launch_pipeline(backend, request)
+        ((_, stream_id),) = backend.graph_launches
+        adopted = backend.adopt_stream(raw)
+        assert stream_id == adopted.id and backend.owns(adopted)
+        await accy.wait_stream(backend, adopted)
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all([*buffers, adopted])
         assert not backend.live_handles()

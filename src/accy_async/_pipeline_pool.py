@@ -131,7 +131,7 @@ class PipelineArtifactPool:
         """Whether a new request at ``configs`` on ``stream`` goes as one graph by default.
 
         Yes when the pool's graph of that geometry last ran on ``stream`` (or
-        never ran), or when the geometry recurs (the pool remembers the last
+        never ran, or its stream is gone), or when the geometry recurs (the pool remembers the last
         :data:`SIGHTINGS`) and the cache has room: a new request never evicts a
         graph (a service cycling through many sizes would instantiate one per
         request), and never takes a graph running on another stream (launches of
@@ -140,7 +140,8 @@ class PipelineArtifactPool:
         graphs = self.graphs
         graph = graphs.graphs.get(configs)
         if graph is not None:
-            return graph.last_stream is None or graph.last_stream is stream
+            last = graph.last_stream
+            return last is None or last is stream or not self.backend.owns(last)  # or gone
         sightings = self._sightings
         if configs in sightings:
             sightings.move_to_end(configs)

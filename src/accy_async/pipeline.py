@@ -246,9 +246,13 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         if provided is not None:
             where = backend.default_stream if stream is None else stream
             as_graph = _as_graph(request, seen_before, pool, resolved.configs, where)
-            if as_graph and not pool.graphs.prepared:
+            if as_graph and not pool.graphs.prepared:  # a pool of one stage, asked for a graph
                 await pool.graphs.prepare([entry.loaded for entry in pool.entries])
                 pool.accept(backend, program, fmt)  # still open after the await
+                stream = _adopted_again(backend, stream, given)
+                where = backend.default_stream if stream is None else stream
+                # Other launches may have made or taken graphs meanwhile: decide again.
+                as_graph = _as_graph(request, seen_before, pool, resolved.configs, where)
     if stream is given and stream is not None and not backend.owns(stream):
         raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")
     backend.check_bindings(operands, "$.operands")
@@ -420,6 +424,15 @@ def enqueue_checked(
         _launch_stage(launcher, resolution, stage_index, sources, stream)
 
 
+def _adopted_again(
+    backend: Backend, stream: StreamHandle | None, given: StreamLike | None
+) -> StreamHandle | None:
+    """``stream``, adopted from ``given`` again if it was forgotten during an await."""
+    if stream is None or given is None or stream is given or backend.owns(stream):
+        return stream
+    return backend.adopt_stream(given)
+
+
 def _as_graph(
     request: PipelineLaunch,
     seen_before: bool,
@@ -544,12 +557,13 @@ def _check_intermediates(
         if provided.checked != (removals, sizes):
             _check_scratch(backend, provided.bindings, sizes)
             provided.checked = (removals, sizes)
-        scratch = provided.handle_ids  # distinct buffers, allocated for them
-        for binding in (*request.operands, *request.results):
-            if id(binding.handle) in scratch:
-                break  # an alias: named below
-        else:
-            return
+        scratch = provided.handle_ids
+        if len(scratch) == len(provided.bindings):  # distinct (a set built by hand may repeat)
+            for binding in (*request.operands, *request.results):
+                if id(binding.handle) in scratch:
+                    break  # an alias: named below
+            else:
+                return
     else:
         _check_scratch(backend, provided, sizes)
         scratch = {id(binding.handle) for binding in provided}
