@@ -94,6 +94,48 @@ async def test_every_builtin_pipeline_gives_the_same_bytes_as_one_graph(
     assert not backend.live_handles()
 
 
+@pytest.mark.parametrize(
+    "name",
+    sorted(n for n in library.BUILTIN_PLANS if len(library.load_builtin(n).pipeline.stages) > 1),
+)
+async def test_new_requests_of_a_recurring_geometry_give_the_stage_by_stage_bytes(
+    executing_backend: accy.Backend, name: str
+) -> None:
+    """The default's graph for new requests (new result buffers each time) computes what
+    stage-by-stage launches do, from its first use on."""
+    backend = executing_backend
+    document = library.load_builtin(name)
+    scalars = _scalars(name, N)
+    stream = backend.create_stream()
+    operands = [accy.upload(backend, values, stream=stream) for values in _inputs(document, N)]
+    got: list[bytes] = []
+    async with (
+        await load_pipeline_artifacts(backend, document.pipeline, document.registry) as pool,
+        await allocate_pipeline_intermediates(backend, document.pipeline, scalars) as scratch,
+    ):
+        for mode in (False, None, None, None):
+            result = backend.allocate_buffer(_result_bytes(document, N))
+            request = PipelineLaunch.of(
+                document,
+                operands=tuple(b.bind("read_only") for b in operands),
+                results=(result.bind(),),
+                runtime_scalar_arguments=scalars,
+                intermediates=scratch,
+                artifacts=pool,
+                stream=stream,
+                device_graph=mode,
+            )
+            await launch_pipeline(backend, request)
+            await accy.wait_stream(backend, stream)
+            got.append(bytes(await accy.wait_read(backend.enqueue_read(result, stream=stream))))
+            backend.destroy(result)
+        assert len(pool.graphs) == 1  # the geometry recurred: the last two went as its graph
+        assert pool.graphs.graphs[resolve_launch(pool, scalars).configs].last_stream is stream
+    assert got[1:] == got[:1] * 3
+    backend.destroy_all([stream, *operands])
+    assert not backend.live_handles()
+
+
 async def _scan_pool(
     backend: accy.Backend, name: str = "prefix_sum_i32", n: int = N
 ) -> tuple[p.PipelineDocument, Any, Any, list[accy.BufferHandle]]:
