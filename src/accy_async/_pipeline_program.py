@@ -90,7 +90,7 @@ class Resolution:
     """Each stage's launch geometry."""
     intermediate_sizes: tuple[int, ...]
     refs: tuple[tuple[tuple[int, int], ...], ...]
-    """Per stage, each buffer as ``(source, index)`` (the pipeline's, kept here for launches)."""
+    """Per stage, each buffer as ``(source, index)`` (the pipeline's; launches use ``pickers``)."""
     pickers: tuple[Picker, ...]
     """Per stage, a function of ``(*operands, *results, *intermediates)`` giving its buffers."""
 

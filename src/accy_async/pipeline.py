@@ -64,6 +64,7 @@ from .backends import (
     BufferHandle,
     LaunchConfig,
     LoadedArtifact,
+    NodeArguments,
     StageLauncher,
     StreamHandle,
     StreamLike,
@@ -244,15 +245,13 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
     if pool is not None:
         pool.accept(backend, program, fmt)
         if provided is not None:
-            where = backend.default_stream if stream is None else stream
-            as_graph = _as_graph(request, seen_before, pool, resolved.configs, where)
+            as_graph = _as_graph(request, seen_before, pool, resolved.configs, stream)
             if as_graph and not pool.graphs.prepared:  # a pool of one stage, asked for a graph
                 await pool.graphs.prepare([entry.loaded for entry in pool.entries])
                 pool.accept(backend, program, fmt)  # still open after the await
                 stream = _adopted_again(backend, stream, given)
-                where = backend.default_stream if stream is None else stream
                 # Other launches may have made or taken graphs meanwhile: decide again.
-                as_graph = _as_graph(request, seen_before, pool, resolved.configs, where)
+                as_graph = _as_graph(request, seen_before, pool, resolved.configs, stream)
     if stream is given and stream is not None and not backend.owns(stream):
         raise InvalidBuffer(f"{stream!r} is not a live stream of this backend", path="$.stream")
     backend.check_bindings(operands, "$.operands")
@@ -277,11 +276,10 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             intermediates = provided
             if isinstance(provided, PipelineIntermediates):
                 provided.streams_used.add(stream)
-        sources = (operands, results, intermediates)
+        arguments = _stage_arguments(resolved, operands, results, intermediates)
         if pool is not None:
             pool.streams_used.add(stream)
-            for stage_index, launcher in enumerate(pool.launchers):
-                _launch_stage(launcher, resolved, stage_index, sources, stream)
+            _launch_stages(pool.launchers, arguments, resolved, stream)
         else:
             for stage_index, entry in enumerate(program.entries):
                 loading = True
@@ -289,8 +287,9 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
                 loaded = await backend.load_artifact(artifact)
                 loading = False
                 owned.append(loaded)
-                _launch_stage(
-                    backend.stage_launcher(loaded), resolved, stage_index, sources, stream
+                buffers, scalars = arguments[stage_index]
+                backend.stage_launcher(loaded)(
+                    buffers, scalars, resolved.configs[stage_index], stream
                 )
         await wait_stream(backend, stream)
     except BaseException:
@@ -324,22 +323,14 @@ def _enqueue_with_pool(
     operands, results, provided = request.operands, request.results, request.intermediates
     assert provided is not None
     pool.streams_used.add(stream)
-    scratch: Sequence[BufferBinding] = provided
     if isinstance(provided, PipelineIntermediates):
         provided.streams_used.add(stream)
-        scratch = provided.bindings  # a tuple: indexed without a Python call
-    flat = (*operands, *results, *scratch)
-    arguments = tuple(
-        zip([pick(flat) for pick in resolved.pickers], resolved.stage_scalars, strict=True)
-    )
+    arguments = _stage_arguments(resolved, operands, results, provided)
     graph = pool.graph_for(resolved.configs, request.device_graph) if as_graph else None
     if graph is not None:
         backend.launch_graph_exec_trusted(graph, arguments, stream)
     else:
-        for launcher, (buffers, scalars), config in zip(
-            pool.launchers, arguments, resolved.configs, strict=True
-        ):
-            launcher(buffers, scalars, config, stream)
+        _launch_stages(pool.launchers, arguments, resolved, stream)
     if not seen_before:
         pool.seen[id(request)] = request
         if len(pool.seen) > _MEMO_CAPACITY:
@@ -357,7 +348,7 @@ def _enqueue_with_pool(
         request,
         stream,
         sequences,
-        flat,
+        (*operands, *results, *provided),
         stages,
         arguments if as_graph else None,
         resolved.configs,
@@ -406,22 +397,12 @@ def enqueue_checked(
     pool.streams_used.add(track or stream)
     if intermediates is not None:
         intermediates.streams_used.add(track or stream)
-    sources = (operands, results, intermediates or ())
-    launchers = pool.launchers
-    if device_graph:
-        graph = pool.graph_for(resolution.configs, True)
-        if graph is not None:
-            arguments = tuple(
-                (
-                    [sources[source][index] for source, index in resolution.refs[stage_index]],
-                    resolution.stage_scalars[stage_index],
-                )
-                for stage_index in range(len(launchers))
-            )
-            pool.backend.launch_graph_exec_trusted(graph, arguments, stream)
-            return
-    for stage_index, launcher in enumerate(launchers):
-        _launch_stage(launcher, resolution, stage_index, sources, stream)
+    arguments = _stage_arguments(resolution, operands, results, intermediates or ())
+    graph = pool.graph_for(resolution.configs, True) if device_graph else None
+    if graph is not None:
+        pool.backend.launch_graph_exec_trusted(graph, arguments, stream)
+    else:
+        _launch_stages(pool.launchers, arguments, resolution, stream)
 
 
 def _adopted_again(
@@ -438,7 +419,7 @@ def _as_graph(
     seen_before: bool,
     pool: PipelineArtifactPool,
     configs: tuple[LaunchConfig, ...],
-    stream: StreamHandle,
+    stream: StreamHandle | None,
 ) -> bool:
     """Whether a launch through a pool and scratch goes as one device graph.
 
@@ -451,7 +432,7 @@ def _as_graph(
         return wanted
     if len(pool.launchers) < 2 or pool.graphs.unavailable is not None:
         return False
-    return seen_before or pool.takes_graph(configs, stream)
+    return seen_before or pool.takes_graph(configs, stream or pool.backend.default_stream)
 
 
 def _check_open(pool: PipelineArtifactPool, intermediates: object) -> None:
@@ -492,20 +473,32 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo) ->
     return True
 
 
-def _launch_stage(
-    launcher: StageLauncher,
+def _stage_arguments(
     resolved: Resolution,
-    stage_index: int,
-    sources: tuple[Sequence[BufferBinding], Sequence[BufferBinding], Sequence[BufferBinding]],
-    stream: StreamHandle | None,
-) -> list[BufferBinding]:
-    """Enqueue stage ``stage_index``; the buffers it was given (to pack them, if wanted).
+    operands: Sequence[BufferBinding],
+    results: Sequence[BufferBinding],
+    intermediates: Sequence[BufferBinding],
+) -> tuple[NodeArguments, ...]:
+    """Each stage's ``(buffers, scalars)``: its buffers picked from the launch's, end to end."""
+    if isinstance(intermediates, PipelineIntermediates):
+        intermediates = intermediates.bindings  # a tuple: unpacked without Python calls
+    flat = (*operands, *results, *intermediates)
+    return tuple(
+        zip([pick(flat) for pick in resolved.pickers], resolved.stage_scalars, strict=True)
+    )
 
-    Every buffer, the stream and the stage's counts were checked before the first launch.
-    """
-    buffers = [sources[source][index] for source, index in resolved.refs[stage_index]]
-    launcher(buffers, resolved.stage_scalars[stage_index], resolved.configs[stage_index], stream)
-    return buffers
+
+def _launch_stages(
+    launchers: Sequence[StageLauncher],
+    arguments: Sequence[NodeArguments],
+    resolved: Resolution,
+    stream: StreamHandle | None,
+) -> None:
+    """Enqueue every stage, one launch each (everything was checked before the first)."""
+    for launcher, (buffers, scalars), config in zip(
+        launchers, arguments, resolved.configs, strict=True
+    ):
+        launcher(buffers, scalars, config, stream)
 
 
 def _check_shapes(request: PipelineLaunch, arguments: Sequence[ScalarArgument]) -> None:
@@ -558,18 +551,12 @@ def _check_intermediates(
             _check_scratch(backend, provided.bindings, sizes)
             provided.checked = (removals, sizes)
         scratch = provided.handle_ids
-        if len(scratch) == len(provided.bindings):  # distinct (a set built by hand may repeat)
-            for binding in (*request.operands, *request.results):
-                if id(binding.handle) in scratch:
-                    break  # an alias: named below
-            else:
-                return
     else:
         _check_scratch(backend, provided, sizes)
         scratch = {id(binding.handle) for binding in provided}
+    # Distinct (a set built by hand may repeat a buffer) and none an operand or result.
     if len(scratch) == len(provided) and scratch.isdisjoint(
-        [id(binding.handle) for binding in request.operands]
-        + [id(binding.handle) for binding in request.results]
+        [id(binding.handle) for binding in (*request.operands, *request.results)]
     ):
         return
     for index, binding in enumerate(provided):  # find the first alias, to name it

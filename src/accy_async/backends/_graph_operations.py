@@ -22,21 +22,6 @@ from ._handles import EventHandle, LoadedArtifact, StreamHandle, StreamLike
 __all__ = ["GraphOperations"]
 
 
-class _Replay:
-    """A graph on a backend without device graphs: its nodes, and where its last launch ran.
-
-    ``done`` is a private event recorded after each launch, so a launch on
-    another stream waits (on the device) for the one before, as CUDA orders
-    launches of one graph.
-    """
-
-    __slots__ = ("done", "last_stream")
-
-    def __init__(self, done: EventHandle) -> None:
-        self.done = done
-        self.last_stream: StreamHandle | None = None
-
-
 class GraphOperations(BackendCore):
     """Kernel graphs: made once with :meth:`instantiate_graph`, launched many times."""
 
@@ -193,10 +178,14 @@ class GraphOperations(BackendCore):
     # ----- the defaults: a graph replayed node by node ---------------------------------------
 
     def _instantiate_graph(self, object_id: int, nodes: tuple[GraphNode, ...]) -> Any:
-        """The backend's form of a graph (default: a replay, with its private event)."""
+        """The backend's form of a graph (default: replayed node by node).
+
+        Its form is a private event recorded after each launch, so a launch on
+        another stream than the last (:attr:`GraphExec.last_stream`) waits, on
+        the device, for the one before, as CUDA orders launches of one graph.
+        """
         native = self._create_event(-object_id, False)
-        done = EventHandle(self.backend_id, -object_id, native, timing=False)
-        return _Replay(done)
+        return EventHandle(self.backend_id, -object_id, native, timing=False)
 
     def _launch_graph(
         self,
@@ -207,10 +196,10 @@ class GraphOperations(BackendCore):
         signal_event: EventHandle | None,
     ) -> None:
         """Enqueue every node of ``graph`` on ``stream`` (default: one launch per node)."""
-        replay: _Replay = graph.native
+        done: EventHandle = graph.native
         waits = list(wait_events)
-        if replay.last_stream is not None and replay.last_stream is not stream:
-            waits.append(replay.done)
+        if graph.last_stream is not None and graph.last_stream is not stream:
+            waits.append(done)
         for index, (node, (buffers, scalars)) in enumerate(
             zip(graph.nodes, arguments, strict=True)
         ):
@@ -224,12 +213,10 @@ class GraphOperations(BackendCore):
                 None,
                 node.loaded.artifact.spec.diagnostic_id,
             )
-        self._record(replay.done, stream)
-        replay.last_stream = stream
+        self._record(done, stream)
         if signal_event is not None:
             self._record(signal_event, stream)
 
     def _destroy_graph(self, graph: GraphExec) -> None:
         """Release the backend's form of ``graph`` (default: the replay's private event)."""
-        replay: _Replay = graph.native
-        self._destroy(replay.done)
+        self._destroy(graph.native)
