@@ -21,13 +21,20 @@ from ...plan import ArtifactFormat, ArtifactSpec, BinaryPayload, TextPayload
 from .._handles import KernelArtifact
 from ..forecast import Forecast
 from ._launch import Kernel, TableKernel
-from ._memory import Janitor
+from ._memory import Janitor, quiet_device
+from ._module_shelf import ModuleShelf, ShelvedModule
 from ._table_ptx import NoTableVariant, table_variant
 from .compile_pool import CompilePool
 from .driver import driver, translate
 from .nvrtc import compile_source
 
-__all__ = ["create_artifact", "load_kernel", "load_table_variants", "unload_kernel"]
+__all__ = [
+    "create_artifact",
+    "load_kernel",
+    "load_table_variants",
+    "shelve_kernel",
+    "unload_shelved",
+]
 
 _logger: Final = logging.getLogger("accy_async")
 
@@ -65,16 +72,37 @@ async def create_artifact(
 
 
 async def load_kernel(
-    context: Any, artifact: KernelArtifact, forecast: Forecast, janitor: Janitor
+    context: Any,
+    artifact: KernelArtifact,
+    forecast: Forecast,
+    janitor: Janitor,
+    shelf: ModuleShelf,
 ) -> Kernel:
-    """Load ``artifact``'s module in ``context`` and find its kernel, on a worker thread.
+    """Load ``artifact``'s module in ``context`` and find its kernel.
 
-    A cancelled caller leaves at once; whichever of the two finishes last
-    unloads the module (the caller through ``janitor``: an unload behind a
-    running kernel waits for it). The kernel's cost model is shared by every
-    load of the same image.
+    A module of the same image kept on ``shelf`` (its kernel was destroyed) is
+    taken back with no driver call. Otherwise a worker thread loads it, after
+    waiting for the device to finish its work (see :func:`quiet_device`); a
+    cancelled caller leaves at once, and whichever of the two finishes last
+    unloads the module (the caller through ``janitor``). The kernel's cost
+    model is shared by every load of the same image.
     """
     name = artifact.spec.kernel_name
+    image = artifact.image if isinstance(artifact.image, bytes) else bytes(artifact.image)
+    key = (name, hashlib.blake2b(image, digest_size=16).digest())
+    shelved = shelf.take(key)
+    if shelved is not None:
+        kernel = Kernel(
+            shelved.module,
+            shelved.function,
+            artifact.spec.argument_count,
+            forecast.model(key, name),
+            artifact.ptx,
+            name,
+            key,
+        )
+        kernel.table = shelved.table
+        return kernel
 
     lock = threading.Lock()
     state: dict[str, Any] = {}
@@ -82,6 +110,10 @@ async def load_kernel(
     def load() -> tuple[Any, Any]:
         d = driver()
         d.cuCtxSetCurrent(context)
+        quiet_device()
+        with lock:
+            if state.get("abandoned"):  # cancelled while the device was busy: load nothing
+                return None, None
         result, module = d.cuModuleLoadData(artifact.image)
         if int(result):
             raise translate(result, f"loading {name} ({artifact.image_format})")
@@ -107,8 +139,6 @@ async def load_kernel(
         if loaded is not None:
             janitor.submit(f"unloading {name} (its load was cancelled)", partial(_unload, loaded))
         raise
-    image = artifact.image if isinstance(artifact.image, bytes) else bytes(artifact.image)
-    key = (name, hashlib.blake2b(image, digest_size=16).digest())
     return Kernel(
         module,
         function,
@@ -116,6 +146,7 @@ async def load_kernel(
         forecast.model(key, name),
         artifact.ptx,
         name,
+        key,
     )
 
 
@@ -139,6 +170,7 @@ async def load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
 def _load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
     d = driver()
     d.cuCtxSetCurrent(context)
+    quiet_device()
     for kernel in kernels:
         if kernel.table is not None:
             continue
@@ -185,20 +217,29 @@ def _table_kernel(kernel: Kernel) -> TableKernel | str:
     return TableKernel(module, function)
 
 
-def unload_kernel(kernel: Kernel) -> Any:
-    """Unload ``kernel``'s module and its table variant's (on the janitor's thread).
+def unload_shelved(shelved: ShelvedModule) -> Any:
+    """Unload a module pushed off the shelf, and its table variant's (on the janitor's thread).
 
     The driver's result: the first that failed, else the last.
     """
     d = driver()
+    results = []
+    if isinstance(shelved.table, TableKernel):
+        results.append(d.cuModuleUnload(shelved.table.module))
+    results.append(d.cuModuleUnload(shelved.module))
+    return next((result for result in results if int(result[0])), results[-1])
+
+
+def shelve_kernel(kernel: Kernel, shelf: ModuleShelf) -> list[ShelvedModule]:
+    """Keep a destroyed kernel's module on ``shelf``; the modules it pushed out, to unload.
+
+    No driver call: its table variant, if a worker thread is still making it,
+    is unloaded by that worker (the kernel is marked unloaded here).
+    """
     with kernel.lock:
         kernel.unloaded = True
         table = kernel.table
-    results = []
-    if isinstance(table, TableKernel):
-        results.append(d.cuModuleUnload(table.module))
-    results.append(d.cuModuleUnload(kernel.module))
-    return next((result for result in results if int(result[0])), results[-1])
+    return shelf.keep(kernel.key, ShelvedModule(kernel.module, kernel.function, table))
 
 
 def _unload(module: Any) -> Any:

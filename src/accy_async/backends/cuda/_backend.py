@@ -6,9 +6,15 @@
 * **Buffers**: ``cuMemAlloc`` (256-byte aligned or better); copies through
   pinned staging memory (``cuMemHostAlloc``, pooled) so that host-to-device
   and device-to-host copies are truly asynchronous in stream order; 32-bit
-  fills with ``cuMemsetD32Async``. Frees that may synchronize the device
-  (``cuMemFree``, ``cuModuleUnload``, ``cuMemFreeHost``) run on a janitor
-  thread, never on the event loop's.
+  fills with ``cuMemsetD32Async``. A destroyed buffer's memory is kept for
+  the next allocations that fit it (``memory_cache_bytes`` at most: by default
+  a sixteenth of the device's memory, at most 4 GiB; 0 keeps none), and a
+  destroyed kernel's module for the next load of its image: ``cuMemFree``
+  and module loads and unloads wait for every kernel running on the device,
+  and the driver holds every other thread's launches, records and
+  allocations meanwhile. The frees and unloads that remain (and the loads)
+  run on worker threads, never on the event loop's, each after waiting for
+  the device's running work without holding the driver.
 * **Artifacts**: CUDA C++ compiled by NVRTC to a cubin for the device (PTX as
   the fallback), or PTX or cubin payloads; compiling and loading run in worker
   threads. Each loaded kernel keeps one packed argument array (a ``void*``
@@ -27,6 +33,7 @@ import ctypes
 import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any, Final
 
 import anyio.to_thread
@@ -58,7 +65,13 @@ from .._marks import PendingRead, StreamMark
 from .._trace import TraceRecord
 from ..base import Backend
 from ..forecast import Anticipation, byte_features
-from ._artifacts import create_artifact, load_kernel, load_table_variants, unload_kernel
+from ._artifacts import (
+    create_artifact,
+    load_kernel,
+    load_table_variants,
+    shelve_kernel,
+    unload_shelved,
+)
 from ._device import DeviceState, DriverResults
 from ._graphs import destroy_graph, instantiate_graph, launch_graph
 from ._launch import CudaStageLauncher, Kernel
@@ -71,6 +84,10 @@ from .nvrtc import nvrtc_version
 __all__ = ["CudaBackend", "probe_cuda"]
 
 _PER_THREAD_STREAM: Final = 2
+_GRANULE: Final = 512
+"""Allocations are rounded up to this many bytes (kept blocks are reused by size)."""
+_MEMORY_CACHE_CEILING: Final = 4 << 30
+"""The most device memory kept for reuse by default (else a sixteenth of the device's)."""
 """CU_STREAM_PER_THREAD; 0 and 1 are the NULL and legacy streams: handles of no context."""
 
 
@@ -87,8 +104,11 @@ class CudaBackend(Backend):
         poll_interval: float = 50e-6,
         anticipation: bool = True,
         wait_policy: WaitPolicy = "balanced",
+        memory_cache_bytes: int | None = None,
     ) -> None:
         super().__init__(limits=limits, wait_policy=wait_policy)
+        if memory_cache_bytes is not None and memory_cache_bytes < 0:
+            raise ValueError(f"memory_cache_bytes must be 0 or more, got {memory_cache_bytes}")
         self._results = DriverResults(self.poison)
         self.polled_from_loop = anticipation
         self._compile_pool: CompilePool | None = None
@@ -152,6 +172,11 @@ class CudaBackend(Backend):
             health=self._health,
             poison=self.poison,
             poll_interval=poll_interval,
+            memory_cache_bytes=(
+                min(total // 16, _MEMORY_CACHE_CEILING)
+                if memory_cache_bytes is None
+                else memory_cache_bytes
+            ),
         )
         device_state.track(DEFAULT_STREAM_ID)
         self._device_state = device_state
@@ -260,22 +285,33 @@ class CudaBackend(Backend):
     # ----- buffers -------------------------------------------------------------------------
 
     def _allocate(self, object_id: int, byte_size: int, alignment: int) -> Any:
-        d = driver()
-        with self._device_state.bound():
-            pointer = int(
-                self._results.value(d.cuMemAlloc(byte_size), f"allocating {byte_size} bytes")
-            )
+        state = self._device_state
+        kept = state.blocks.take(byte_size, alignment)
+        if kept is not None:
+            return kept
+        capacity = -(-byte_size // _GRANULE) * _GRANULE
+        with state.bound():
+            pointer = self._device_alloc(capacity)
             if pointer % alignment:
-                self._device_state.janitor.submit(
-                    "freeing a misaligned buffer", lambda: d.cuMemFree(pointer)
-                )
-                padded = int(
-                    self._results.value(
-                        d.cuMemAlloc(byte_size + alignment), f"allocating {byte_size} bytes"
-                    )
-                )
-                return Allocation(padded, padded + (-padded) % alignment)
-        return Allocation(pointer, pointer)
+                d = driver()
+                state.janitor.submit("freeing a misaligned buffer", lambda: d.cuMemFree(pointer))
+                capacity += alignment
+                padded = self._device_alloc(capacity)
+                return Allocation(padded, padded + (-padded) % alignment, capacity)
+        return Allocation(pointer, pointer, capacity)
+
+    def _device_alloc(self, size: int) -> int:
+        """``cuMemAlloc``; out of memory, it frees the kept blocks and tries once more.
+
+        Those frees run here, on the caller's thread: each waits for the device.
+        """
+        d = driver()
+        result, pointer = d.cuMemAlloc(size)
+        if result == d.CUresult.CUDA_ERROR_OUT_OF_MEMORY and self._device_state.blocks.held:
+            for base in self._device_state.blocks.drain():
+                d.cuMemFree(base)
+            result, pointer = d.cuMemAlloc(size)
+        return int(self._results.value((result, pointer), f"allocating {size} bytes"))
 
     def _buffer_address(self, native: Any) -> int:
         address: int = native.address
@@ -449,7 +485,9 @@ class CudaBackend(Backend):
 
     async def _load_artifact(self, object_id: int, artifact: KernelArtifact) -> Any:
         state = self._device_state
-        return await load_kernel(self._context, artifact, state.forecast, state.janitor)
+        return await load_kernel(
+            self._context, artifact, state.forecast, state.janitor, state.shelf
+        )
 
     # ----- streams and events --------------------------------------------------------------
 
@@ -652,12 +690,17 @@ class CudaBackend(Backend):
 
     def _destroy(self, obj: DeviceObject) -> None:
         d = driver()
+        state = self._device_state
         if isinstance(obj, BufferHandle):
-            pointer = obj.native.base
-            self._device_state.janitor.submit(f"freeing {obj!r}", lambda: d.cuMemFree(pointer))
+            allocation = obj.native
+            if not state.blocks.keep(allocation):
+                pointer = allocation.base
+                state.janitor.submit(f"freeing {obj!r}", lambda: d.cuMemFree(pointer))
         elif isinstance(obj, LoadedArtifact):
-            kernel = obj.native
-            self._device_state.janitor.submit(f"unloading {obj!r}", lambda: unload_kernel(kernel))
+            for shelved in shelve_kernel(obj.native, state.shelf):
+                state.janitor.submit(
+                    f"unloading a module of {obj!r}'s image", partial(unload_shelved, shelved)
+                )
         elif isinstance(obj, EventHandle):
             # Safe while the event is pending: the driver releases it once it completes.
             self._device_state.records.pop(obj.id, None)
@@ -684,6 +727,11 @@ class CudaBackend(Backend):
         self._device_state.release_staged()
         self._device_state.reactor.close()
         self._device_state.janitor.close()
+        # The device is idle (aclose drained it): what was kept for reuse goes now.
+        for base in self._device_state.blocks.drain():
+            d.cuMemFree(base)
+        for shelved in self._device_state.shelf.drain():
+            unload_shelved(shelved)
         if self._device_state.janitor.failures:
             warnings.warn(
                 f"accy-async: {len(self._device_state.janitor.failures)} CUDA releases failed: "

@@ -21,7 +21,8 @@ from ...errors import DeviceFault
 from .._completion import Completion
 from .._handles import EventHandle, StreamHandle
 from ..forecast import Forecast, Ledger
-from ._memory import Janitor, Staging
+from ._memory import BlockCache, Janitor, Staging
+from ._module_shelf import ModuleShelf
 from ._trace_clock import TraceClock
 from .driver import driver, translate
 from .reactor import CompletionReactor
@@ -99,6 +100,7 @@ class DeviceState(DriverResults):
     __slots__ = (
         "_markers",
         "_markers_lock",
+        "blocks",
         "context",
         "context_address",
         "event_flags",
@@ -111,6 +113,7 @@ class DeviceState(DriverResults):
         "owner",
         "reactor",
         "records",
+        "shelf",
         "staged",
         "staging",
         "stranded",
@@ -126,6 +129,7 @@ class DeviceState(DriverResults):
         health: Health,
         poison: Callable[[DeviceFault], None],
         poll_interval: float,
+        memory_cache_bytes: int,
     ) -> None:
         d = driver()
         self.context = context
@@ -145,6 +149,10 @@ class DeviceState(DriverResults):
         """Each event's latest record, by the event handle's id."""
         self.janitor = Janitor(context)
         self.staging = Staging(self.janitor)
+        self.blocks = BlockCache(memory_cache_bytes)
+        """Device memory of destroyed buffers, kept for the next allocations."""
+        self.shelf = ModuleShelf()
+        """Modules of destroyed kernels, kept for the next loads of their images."""
         self.staged: dict[int, deque[tuple[Any, int, int]]] = {}
         """Per stream (by handle id), the staging blocks of its queued host-to-device
         copies, each with the marker recorded after its copy, oldest first."""

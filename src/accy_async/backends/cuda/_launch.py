@@ -49,6 +49,7 @@ class Kernel:
         "cost",
         "formats",
         "function",
+        "key",
         "launcher",
         "lock",
         "module",
@@ -69,8 +70,11 @@ class Kernel:
         cost: CostModel,
         ptx: bytes = b"",
         name: str = "",
+        key: tuple[str, bytes] = ("", b""),
     ) -> None:
         self.name = name
+        self.key = key
+        """``(name, image digest)``: where its module is shelved once the kernel is destroyed."""
         self.ptx = ptx
         """The PTX the module was made from, where known (the table variant is made from it)."""
         self.table: TableKernel | str | None = None

@@ -6,6 +6,7 @@ Frees that may synchronize the device (``cuMemFree``, ``cuModuleUnload``,
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import queue
 import threading
@@ -14,10 +15,23 @@ from typing import Any, Final
 
 from .driver import driver, translate
 
-__all__ = ["Allocation", "Janitor", "Staging"]
+__all__ = ["Allocation", "BlockCache", "Janitor", "Staging", "quiet_device"]
 
 _STAGING_POOL_BYTES: Final = 256 * 1024 * 1024
 _MIN_STAGING: Final = 4096
+_SPARE: Final = 64 * 1024
+
+
+def quiet_device() -> None:
+    """Wait, holding nothing, for the work the device runs now (on a worker thread).
+
+    A module load or unload behind a running kernel waits for it, and the
+    driver holds every other thread's launches, records and allocations
+    meanwhile: waiting here first leaves the loop's driver calls free, and the
+    load then finds the device idle (unless new work came in between). An error
+    of earlier work is left to the calls that report it.
+    """
+    driver().cuCtxSynchronize()
 
 
 class Staging:
@@ -92,26 +106,104 @@ class Janitor:
         driver().cuCtxSetCurrent(self._context)
         while True:
             item = self._queue.get()
-            if item is None:
+            # Frees and unloads behind a running kernel would wait for it holding the driver.
+            quiet_device()
+            while item is not None:
+                self._do(*item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            else:
                 return
-            what, work = item
-            try:
-                result = work()
-            except Exception as exc:  # noqa: BLE001 - recorded and reported at close
-                self.failures.append(f"{what}: {exc}")
-                continue
-            if isinstance(result, tuple) and result and int(result[0]):
-                self.failures.append(f"{what}: {translate(result[0], what)}")
+
+    def _do(self, what: str, work: Callable[[], Any]) -> None:
+        try:
+            result = work()
+        except Exception as exc:  # noqa: BLE001 - recorded and reported at close
+            self.failures.append(f"{what}: {exc}")
+            return
+        if isinstance(result, tuple) and result and int(result[0]):
+            self.failures.append(f"{what}: {translate(result[0], what)}")
+
+
+class BlockCache:
+    """Device allocations kept for reuse once their buffers are destroyed.
+
+    ``cuMemFree`` waits for the whole device, and while it waits the driver
+    holds every other thread's launches, records and allocations: code that
+    allocates per request would stall its event loop behind other tasks'
+    kernels at each free (PyTorch keeps a caching allocator for the same
+    reason). A destroyed buffer's block is kept here instead (the caller made
+    sure the device no longer uses it), and an allocation takes the smallest
+    kept block that fits with at most a quarter (or 64 KiB) to spare. At most
+    ``limit`` bytes are kept: a block past that is freed on the janitor's thread.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        """Bytes kept now."""
+        self.taken = 0
+        """How many allocations were served from kept blocks (tests and probes read it)."""
+        self._capacities: list[int] = []  # sorted, one entry per kept block
+        self._blocks: dict[int, list[int]] = {}  # capacity -> base addresses
+        self._lock = threading.Lock()
+
+    def take(self, size: int, alignment: int) -> Allocation | None:
+        """A kept block for ``size`` bytes at ``alignment``, now the caller's; else ``None``."""
+        with self._lock:
+            if not self._capacities:
+                return None
+            index = bisect.bisect_left(self._capacities, size)
+            if index == len(self._capacities):
+                return None
+            capacity = self._capacities[index]
+            if capacity > size + max(size >> 2, _SPARE):
+                return None
+            bases = self._blocks[capacity]
+            base = bases[-1]
+            address = base + (-base) % alignment
+            if address + size > base + capacity:
+                return None
+            bases.pop()
+            if not bases:
+                del self._blocks[capacity]
+            del self._capacities[index]
+            self.held -= capacity
+            self.taken += 1
+            return Allocation(base, address, capacity)
+
+    def keep(self, allocation: Allocation) -> bool:
+        """Keep ``allocation`` for reuse; ``False`` when it does not fit (the caller frees it)."""
+        capacity = allocation.capacity
+        with self._lock:
+            if self.held + capacity > self.limit:
+                return False
+            bisect.insort(self._capacities, capacity)
+            self._blocks.setdefault(capacity, []).append(allocation.base)
+            self.held += capacity
+            return True
+
+    def drain(self) -> list[int]:
+        """Every kept block's base address, now the caller's to free."""
+        with self._lock:
+            bases = [base for kept in self._blocks.values() for base in kept]
+            self._blocks.clear()
+            self._capacities.clear()
+            self.held = 0
+            return bases
 
 
 class Allocation:
-    """A device allocation: ``base`` to free, ``address`` (aligned) to use."""
+    """A device allocation: ``base`` to free, ``address`` (aligned) to use, ``capacity`` bytes."""
 
-    __slots__ = ("address", "base")
+    __slots__ = ("address", "base", "capacity")
 
-    def __init__(self, base: int, address: int) -> None:
+    def __init__(self, base: int, address: int, capacity: int) -> None:
         self.base = base
         self.address = address
+        self.capacity = capacity
 
     def __int__(self) -> int:
         return self.address

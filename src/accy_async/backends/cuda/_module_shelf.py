@@ -1,0 +1,86 @@
+"""Modules of destroyed kernels, kept loaded for the next load of the same image.
+
+``cuModuleLoadData`` and ``cuModuleUnload`` wait for every kernel running on
+the device, and while they wait the driver holds every other thread's
+launches, event records and allocations (on the H200, 42-43 ms behind a 50 ms
+kernel: ``benchmarks/results/driver-lock-probe.txt``). A ``launch_pipeline``
+without a pool loads and destroys its kernels on every call, and so does any
+code that loads a kernel for a while: with the module kept, its next load
+takes it back with no driver call at all, and a busy device stalls nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Final, NamedTuple
+
+from ._launch import TableKernel
+
+__all__ = ["ModuleShelf", "ShelvedModule"]
+
+_SHELF_CAPACITY: Final = 64
+"""How many idle modules a context keeps; the least recently shelved go first."""
+
+
+class ShelvedModule(NamedTuple):
+    """An idle module, its kernel's function, and its table variant (or why it has none)."""
+
+    module: Any
+    function: Any
+    table: TableKernel | str | None
+
+
+class ModuleShelf:
+    """Idle modules by ``(kernel name, image digest)``, least recently shelved first.
+
+    Taken and shelved on the event loop's thread; locked all the same, as the
+    backend may close from another thread.
+    """
+
+    def __init__(self, capacity: int = _SHELF_CAPACITY) -> None:
+        self.capacity = capacity
+        self.taken = 0
+        """How many loads were served from the shelf (tests and probes read it)."""
+        self._idle: OrderedDict[tuple[str, bytes], list[ShelvedModule]] = OrderedDict()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def take(self, key: tuple[str, bytes]) -> ShelvedModule | None:
+        """An idle module of ``key``'s image, now the caller's; ``None`` if none is kept."""
+        with self._lock:
+            kept = self._idle.get(key)
+            if not kept:
+                return None
+            shelved = kept.pop()
+            if not kept:
+                del self._idle[key]
+            self._count -= 1
+            self.taken += 1
+            return shelved
+
+    def keep(self, key: tuple[str, bytes], shelved: ShelvedModule) -> list[ShelvedModule]:
+        """Keep ``shelved`` for the next load of ``key``; the modules it pushed out, to unload."""
+        with self._lock:
+            self._idle.setdefault(key, []).append(shelved)
+            self._idle.move_to_end(key)
+            self._count += 1
+            evicted: list[ShelvedModule] = []
+            while self._count > self.capacity:
+                oldest_key, oldest = next(iter(self._idle.items()))
+                evicted.append(oldest.pop(0))
+                if not oldest:
+                    del self._idle[oldest_key]
+                self._count -= 1
+            return evicted
+
+    def drain(self) -> list[ShelvedModule]:
+        """Every kept module, now the caller's to unload (the backend is closing)."""
+        with self._lock:
+            drained = [shelved for kept in self._idle.values() for shelved in kept]
+            self._idle.clear()
+            self._count = 0
+            return drained
+
+    def __len__(self) -> int:
+        return self._count

@@ -1,0 +1,95 @@
+"""The CUDA backend's bookkeeping of kept memory blocks and shelved modules (no GPU needed).
+
+Their use by the backend is tested on the GPU in ``test_cuda_driver_hold.py``.
+"""
+
+from __future__ import annotations
+
+from accy_async.backends.cuda._memory import Allocation, BlockCache
+from accy_async.backends.cuda._module_shelf import ModuleShelf, ShelvedModule
+
+MiB = 1 << 20
+
+
+def test_a_kept_block_serves_the_smallest_request_it_fits() -> None:
+    cache = BlockCache(limit=16 * MiB)
+    assert cache.keep(Allocation(0x10000000, 0x10000000, 4 * MiB))
+    assert cache.keep(Allocation(0x20000000, 0x20000000, MiB))
+    assert cache.held == 5 * MiB
+    taken = cache.take(MiB - 512, 256)
+    assert taken is not None
+    assert (taken.base, taken.address, taken.capacity) == (0x20000000, 0x20000000, MiB)
+    assert cache.take(MiB - 512, 256) is None  # the 4 MiB block is far too large for it
+    taken = cache.take(int(3.5 * MiB), 256)
+    assert taken is not None and taken.capacity == 4 * MiB
+    assert (cache.held, cache.taken) == (0, 2)
+
+
+def test_a_small_request_may_take_up_to_64_kib_to_spare() -> None:
+    cache = BlockCache(limit=MiB)
+    cache.keep(Allocation(0x1000, 0x1000, 64 * 1024))
+    assert cache.take(16, 256) is not None  # 64 KiB spare at most
+    cache.keep(Allocation(0x1000, 0x1000, 128 * 1024))
+    assert cache.take(16, 256) is None
+
+
+def test_a_block_is_kept_only_within_the_limit() -> None:
+    cache = BlockCache(limit=2 * MiB)
+    assert cache.keep(Allocation(0x1000, 0x1000, MiB))
+    assert not cache.keep(Allocation(0x2000, 0x2000, 2 * MiB))  # the caller frees it
+    assert cache.held == MiB
+    assert not BlockCache(limit=0).keep(Allocation(0x1000, 0x1000, 512))
+
+
+def test_alignment_is_honoured_or_the_block_left() -> None:
+    cache = BlockCache(limit=8 * MiB)
+    cache.keep(Allocation(0x10000200, 0x10000200, MiB))  # 512-byte aligned only
+    assert cache.take(MiB, 4096) is None  # padding to 4096 would overrun it
+    taken = cache.take(MiB - 8192, 4096)
+    assert taken is not None
+    assert taken.address % 4096 == 0 and taken.address + MiB - 8192 <= taken.base + MiB
+
+
+def test_drain_hands_back_every_block() -> None:
+    cache = BlockCache(limit=8 * MiB)
+    for base in (0x1000, 0x2000, 0x3000):
+        cache.keep(Allocation(base, base, MiB))
+    assert sorted(cache.drain()) == [0x1000, 0x2000, 0x3000]
+    assert cache.held == 0 and cache.take(MiB, 256) is None
+
+
+def test_the_shelf_returns_a_module_of_the_same_image_only() -> None:
+    shelf = ModuleShelf(capacity=4)
+    key, other = ("k", b"\x01" * 16), ("k", b"\x02" * 16)
+    assert shelf.keep(key, ShelvedModule("module-1", "function-1", None)) == []
+    assert shelf.take(other) is None
+    shelved = shelf.take(key)
+    assert shelved == ShelvedModule("module-1", "function-1", None)
+    assert shelf.take(key) is None
+    assert (len(shelf), shelf.taken) == (0, 1)
+
+
+def test_the_shelf_pushes_out_the_least_recently_shelved() -> None:
+    shelf = ModuleShelf(capacity=2)
+    first, second, third = (("k", bytes([i]) * 16) for i in range(3))
+    shelf.keep(first, ShelvedModule("m1", "f1", "no table"))
+    shelf.keep(second, ShelvedModule("m2", "f2", None))
+    evicted = shelf.keep(third, ShelvedModule("m3", "f3", None))
+    assert evicted == [ShelvedModule("m1", "f1", "no table")]
+    assert shelf.take(first) is None
+    assert sorted(module for module, _, _ in shelf.drain()) == ["m2", "m3"]
+    assert len(shelf) == 0
+    assert ModuleShelf(capacity=0).keep(first, ShelvedModule("m", "f", None)) == [
+        ShelvedModule("m", "f", None)
+    ]
+
+
+def test_two_loads_of_one_image_are_both_kept() -> None:
+    shelf = ModuleShelf(capacity=4)
+    key = ("k", b"\x01" * 16)
+    shelf.keep(key, ShelvedModule("m1", "f1", None))
+    shelf.keep(key, ShelvedModule("m2", "f2", None))
+    assert {shelf.take(key), shelf.take(key)} == {
+        ShelvedModule("m1", "f1", None),
+        ShelvedModule("m2", "f2", None),
+    }
