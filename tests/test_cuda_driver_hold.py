@@ -9,6 +9,7 @@ after the device's running work, so the loop's own driver calls are not held.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +32,10 @@ pytestmark = [pytest.mark.gpu, needs_gpu]
 
 SPIN_NS = 200_000_000
 """How long the running kernel spins: a driver call held behind it takes about this long."""
+
+CACHING = not os.environ.get("ACCY_CUDA_NO_CACHING")
+"""Whether the backend keeps memory and modules (not under compute-sanitizer's memcheck)."""
+keeps = pytest.mark.skipif(not CACHING, reason="ACCY_CUDA_NO_CACHING: nothing is kept")
 
 HELD_S = 0.05
 """A loop driver call slower than this was held behind the running kernel (a quarter of it)."""
@@ -80,6 +85,7 @@ def _timed_launches(
     return slowest
 
 
+@keeps
 async def test_a_destroyed_buffers_memory_serves_the_next_allocation(cuda: CudaBackend) -> None:
     blocks = cuda._device_state.blocks
     first = cuda.allocate_buffer(1 << 20)
@@ -114,6 +120,7 @@ async def test_a_zero_memory_cache_keeps_nothing() -> None:
         CudaBackend(memory_cache_bytes=-1)
 
 
+@keeps
 async def test_a_pipeline_without_a_pool_loads_its_kernels_once(cuda: CudaBackend) -> None:
     document = library.load_builtin("prefix_sum_i32")
     n = 50_000

@@ -9,7 +9,9 @@
   fills with ``cuMemsetD32Async``. A destroyed buffer's memory is kept for
   the next allocations that fit it (``memory_cache_bytes`` at most: by default
   a sixteenth of the device's memory, at most 4 GiB; 0 keeps none), and a
-  destroyed kernel's module for the next load of its image: ``cuMemFree``
+  destroyed kernel's module for the next load of its image (neither when
+  the environment sets ``ACCY_CUDA_NO_CACHING``, for compute-sanitizer's
+  memcheck to see every free): ``cuMemFree``
   and module loads and unloads wait for every kernel running on the device,
   and the driver holds every other thread's launches, records and
   allocations meanwhile. The frees and unloads that remain (and the loads)
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
@@ -177,6 +180,7 @@ class CudaBackend(Backend):
                 if memory_cache_bytes is None
                 else memory_cache_bytes
             ),
+            keep_nothing=bool(os.environ.get("ACCY_CUDA_NO_CACHING")),
         )
         device_state.track(DEFAULT_STREAM_ID)
         self._device_state = device_state

@@ -130,6 +130,7 @@ class DeviceState(DriverResults):
         poison: Callable[[DeviceFault], None],
         poll_interval: float,
         memory_cache_bytes: int,
+        keep_nothing: bool = False,
     ) -> None:
         d = driver()
         self.context = context
@@ -149,9 +150,9 @@ class DeviceState(DriverResults):
         """Each event's latest record, by the event handle's id."""
         self.janitor = Janitor(context)
         self.staging = Staging(self.janitor)
-        self.blocks = BlockCache(memory_cache_bytes)
+        self.blocks = BlockCache(0 if keep_nothing else memory_cache_bytes)
         """Device memory of destroyed buffers, kept for the next allocations."""
-        self.shelf = ModuleShelf()
+        self.shelf = ModuleShelf(0) if keep_nothing else ModuleShelf()
         """Modules of destroyed kernels, kept for the next loads of their images."""
         self.staged: dict[int, deque[tuple[Any, int, int]]] = {}
         """Per stream (by handle id), the staging blocks of its queued host-to-device
