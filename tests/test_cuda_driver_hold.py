@@ -63,26 +63,45 @@ def _spin(backend: accy.Backend, slow: accy.LoadedArtifact, stream: accy.StreamH
     backend.defer_destroy([buffer], after=stream)
 
 
-def _timed_launches(
-    backend: accy.Backend, tiny: accy.LoadedArtifact, stream: accy.StreamHandle, count: int
-) -> float:
-    """The slowest of ``count`` launches (and event records) on ``stream``, in seconds."""
-    out = backend.allocate_buffer(4 * 32)
-    event = backend.create_event()
-    slowest = 0.0
-    for _ in range(count):
-        started = time.perf_counter()
-        backend.launch(
-            tiny,
-            [out.bind("write_only")],
-            [accy.U32(32), accy.F32(2.0)],
-            accy.LaunchConfig(*grid_for(32)),
-            stream=stream,
-        )
-        backend.record_event(event, stream)
-        slowest = max(slowest, time.perf_counter() - started)
-    backend.defer_destroy([out, event], after=stream)
-    return slowest
+class Probe:
+    """Driver calls of the loop, timed: launches, event records and allocations on a stream.
+
+    Made before the device is busy, so that nothing it needs waits before the timing.
+    """
+
+    def __init__(self, backend: accy.Backend, tiny: accy.LoadedArtifact) -> None:
+        self.backend = backend
+        self.tiny = tiny
+        self.stream = backend.create_stream()
+        self.out = backend.allocate_buffer(4 * 32)
+        self.event = backend.create_event()
+        self.slowest = 0.0
+        """The slowest call so far, in seconds."""
+
+    def calls(self, count: int) -> None:
+        """Time ``count`` launches, event records and allocations (the buffers freed later)."""
+        backend = self.backend
+        made: list[accy.BufferHandle] = []
+        for _ in range(count):
+            started = time.perf_counter()
+            backend.launch(
+                self.tiny,
+                [self.out.bind("write_only")],
+                [accy.U32(32), accy.F32(2.0)],
+                accy.LaunchConfig(*grid_for(32)),
+                stream=self.stream,
+            )
+            backend.record_event(self.event, self.stream)
+            made.append(backend.allocate_buffer(4096 + len(made)))  # new memory each time
+            self.slowest = max(self.slowest, time.perf_counter() - started)
+        backend.defer_destroy(made, after=self.stream)
+
+    def check(self) -> None:
+        assert self.slowest < HELD_S, f"a driver call of the loop took {self.slowest * 1e3:.1f} ms"
+
+    async def close(self) -> None:
+        await accy.wait_stream(self.backend, self.stream)
+        self.backend.destroy_all([self.out, self.event, self.stream])
 
 
 @keeps
@@ -140,7 +159,7 @@ async def test_a_pipeline_without_a_pool_loads_its_kernels_once(cuda: CudaBacken
     cuda.destroy_all([x, y])
 
 
-async def test_a_load_behind_a_running_kernel_holds_no_launch_of_the_loop(
+async def test_a_load_behind_a_running_kernel_holds_no_call_of_the_loop(
     cuda: CudaBackend,
 ) -> None:
     slow, tiny = await load(cuda, "slow_fill_f32"), await load(cuda, "iota_f32")
@@ -150,11 +169,11 @@ async def test_a_load_behind_a_running_kernel_holds_no_launch_of_the_loop(
     unique = f"base + (float)i + {random.randrange(1, 1 << 20)}.0f"
     payload = p.TextPayload(source.payload.text.replace("base + (float)i", unique))
     artifact = await cuda.create_artifact(msgspec.structs.replace(source, payload=payload))
-    busy, other = cuda.create_stream(), cuda.create_stream()
+    busy = cuda.create_stream()
+    probe = Probe(cuda, tiny)
     _spin(cuda, slow, busy)
     started = time.perf_counter()
     loaded: list[accy.LoadedArtifact] = []
-    slowest = 0.0
     async with anyio.create_task_group() as group:
 
         async def load_it() -> None:
@@ -163,54 +182,78 @@ async def test_a_load_behind_a_running_kernel_holds_no_launch_of_the_loop(
         group.start_soon(load_it)
         while not loaded:
             await anyio.sleep(0.002)
-            slowest = max(slowest, _timed_launches(cuda, tiny, other, 3))
+            probe.calls(2)
     assert time.perf_counter() - started > SPIN_NS / 1e9 / 2  # the load waited for the kernel
-    assert slowest < HELD_S, f"a launch of the loop was held {slowest * 1e3:.1f} ms"
+    probe.check()
     await accy.wait_stream(cuda, busy)
-    cuda.destroy_all([*loaded, slow, tiny, busy, other])
+    await probe.close()
+    cuda.destroy_all([*loaded, slow, tiny, busy])
 
 
-async def test_a_free_behind_a_running_kernel_holds_no_launch_of_the_loop() -> None:
+async def test_a_free_behind_a_running_kernel_holds_no_call_of_the_loop() -> None:
     backend = CudaBackend(memory_cache_bytes=0)  # every destroyed buffer is freed
     try:
         slow, tiny = await load(backend, "slow_fill_f32"), await load(backend, "iota_f32")
-        busy, other = backend.create_stream(), backend.create_stream()
+        busy = backend.create_stream()
+        probe = Probe(backend, tiny)
         freed = backend.allocate_buffer(1 << 20)
         _spin(backend, slow, busy)
         backend.destroy(freed)  # the janitor's cuMemFree would wait for the spinning kernel
-        await anyio.sleep(0.005)
-        slowest = _timed_launches(backend, tiny, other, 5)
-        allocated = backend.allocate_buffer(1 << 20)
-        assert slowest < HELD_S, f"a launch of the loop was held {slowest * 1e3:.1f} ms"
+        for _ in range(5):
+            await anyio.sleep(0.005)
+            probe.calls(2)
+        probe.check()
         await accy.wait_stream(backend, busy)
-        backend.destroy_all([allocated, slow, tiny, busy, other])
+        await probe.close()
+        backend.destroy_all([slow, tiny, busy])
     finally:
         await backend.aclose()
 
 
-async def test_a_cancelled_pipeline_behind_a_running_kernel_returns_and_holds_nothing(
+async def test_a_cancelled_pipeline_behind_a_running_kernel_holds_no_call_of_the_loop(
     cuda: CudaBackend,
 ) -> None:
     # Cancelled while its kernels wait to load behind another stream's kernel: it returns
-    # at once, loads nothing afterwards, and its scratch goes to deferred release.
+    # at once, and its scratch goes to deferred release.
     document = library.load_builtin("prefix_sum_i32")
     slow, tiny = await load(cuda, "slow_fill_f32"), await load(cuda, "iota_f32")
-    busy, other = cuda.create_stream(), cuda.create_stream()
+    busy = cuda.create_stream()
+    probe = Probe(cuda, tiny)
     x, y = cuda.allocate_buffer(4096), cuda.allocate_buffer(4096)
     request = PipelineLaunch.of(
         document,
         operands=[x.bind("read_only")],
         results=[y.bind()],
         runtime_scalar_arguments=[1024],
-        stream=other,
+        stream=probe.stream,
     )
     for _ in range(2):
         _spin(cuda, slow, busy)
         with anyio.move_on_after(0.01) as scope:
             await launch_pipeline(cuda, request)
         assert scope.cancelled_caught
-        slowest = _timed_launches(cuda, tiny, other, 3)
-        assert slowest < HELD_S, f"a launch of the loop was held {slowest * 1e3:.1f} ms"
+        for _ in range(3):
+            await anyio.sleep(0.005)
+            probe.calls(2)
         await accy.wait_stream(cuda, busy)
-    await accy.wait_stream(cuda, other)
-    cuda.destroy_all([x, y, slow, tiny, busy, other])
+    probe.check()
+    await probe.close()
+    cuda.destroy_all([x, y, slow, tiny, busy])
+
+
+async def test_empty_cache_gives_the_kept_memory_back(cuda: CudaBackend) -> None:
+    state = cuda._device_state
+    buffers = [cuda.allocate_buffer(1 << 20) for _ in range(3)]
+    cuda.destroy_all(buffers)
+    kept = state.blocks.held
+    assert kept == (3 << 20 if CACHING else 0)
+    assert await cuda.empty_cache() == kept
+    assert state.blocks.held == 0 and len(state.shelf) == 0
+    assert await cuda.empty_cache() == 0
+
+
+async def test_memory_other_libraries_were_offered_is_freed_not_kept(cuda: CudaBackend) -> None:
+    buffer = cuda.allocate_buffer(1 << 20)
+    accy.ArrayView(cuda, buffer, np.float32)
+    cuda.destroy(buffer)
+    assert cuda._device_state.blocks.held == 0

@@ -60,7 +60,7 @@ def test_drain_hands_back_every_block() -> None:
 
 def test_the_shelf_returns_a_module_of_the_same_image_only() -> None:
     shelf = ModuleShelf(capacity=4)
-    key, other = ("k", b"\x01" * 16), ("k", b"\x02" * 16)
+    key, other = ("k", 1, b"\x01" * 16), ("k", 1, b"\x02" * 16)
     assert shelf.keep(key, ShelvedModule("module-1", "function-1", None)) == []
     assert shelf.take(other) is None
     shelved = shelf.take(key)
@@ -71,7 +71,7 @@ def test_the_shelf_returns_a_module_of_the_same_image_only() -> None:
 
 def test_the_shelf_pushes_out_the_least_recently_shelved() -> None:
     shelf = ModuleShelf(capacity=2)
-    first, second, third = (("k", bytes([i]) * 16) for i in range(3))
+    first, second, third = (("k", 1, bytes([i]) * 16) for i in range(3))
     shelf.keep(first, ShelvedModule("m1", "f1", "no table"))
     shelf.keep(second, ShelvedModule("m2", "f2", None))
     evicted = shelf.keep(third, ShelvedModule("m3", "f3", None))
@@ -86,7 +86,7 @@ def test_the_shelf_pushes_out_the_least_recently_shelved() -> None:
 
 def test_two_loads_of_one_image_are_both_kept() -> None:
     shelf = ModuleShelf(capacity=4)
-    key = ("k", b"\x01" * 16)
+    key = ("k", 1, b"\x01" * 16)
     shelf.keep(key, ShelvedModule("m1", "f1", None))
     shelf.keep(key, ShelvedModule("m2", "f2", None))
     assert {shelf.take(key), shelf.take(key)} == {

@@ -15,7 +15,8 @@ A view does not own its buffer unless the library made it so (the high-level
 call's results for DLPack-only operands): then the buffer is released once the
 view and every tensor taken from it are gone and the work queued on the view's
 stream has finished. Work a consumer queued on its own stream is covered by
-CUDA itself: ``cuMemFree`` waits for the device to finish with the memory. A
+CUDA itself: ``cuMemFree`` waits for the device to finish with the memory (a
+view's buffer is freed when destroyed, never kept for reuse by the backend). A
 view over the caller's buffer must not outlive that buffer; nor may a tensor
 taken from any view outlive the backend, which frees its buffers when it closes.
 """
@@ -76,6 +77,7 @@ class ArrayView:
                 f"{count} elements of {dtype} do not fit in {buffer!r} ({buffer.byte_size} bytes)",
                 path="$.size",
             )
+        backend.mark_shared(buffer)  # other libraries' streams may use it: freed, never reused
         self.backend = backend
         self.buffer = buffer
         self.dtype: np.dtype[Any] = dtype

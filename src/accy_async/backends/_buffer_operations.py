@@ -62,6 +62,14 @@ class BufferOperations(BackendCore):
         self._registry.add(handle)
         return handle
 
+    def mark_shared(self, buffer: BufferHandle) -> None:
+        """Note that other libraries may use ``buffer`` on streams of theirs.
+
+        A backend that keeps destroyed buffers' memory for reuse (CUDA) frees
+        this one's instead, as the driver waits for work it cannot see.
+        """
+        del buffer
+
     def write_buffer(
         self,
         buffer: BufferHandle,

@@ -23,7 +23,7 @@ from ..forecast import Forecast
 from ._launch import Kernel, TableKernel
 from ._memory import Janitor, quiet_device
 from ._module_shelf import ModuleShelf, ShelvedModule
-from ._table_ptx import NoTableVariant, table_variant
+from ._table_ptx import NoTableVariant, declares_module_variables, table_variant
 from .compile_pool import CompilePool
 from .driver import driver, translate
 from .nvrtc import compile_source
@@ -80,8 +80,9 @@ async def load_kernel(
 ) -> Kernel:
     """Load ``artifact``'s module in ``context`` and find its kernel.
 
-    A module of the same image kept on ``shelf`` (its kernel was destroyed) is
-    taken back with no driver call. Otherwise a worker thread loads it, after
+    A module of the same image kept on ``shelf`` (its kernel was destroyed; only
+    modules without variables of their own are kept) is taken back with no
+    driver call. Otherwise a worker thread loads it, after
     waiting for the device to finish its work (see :func:`quiet_device`); a
     cancelled caller leaves at once, and whichever of the two finishes last
     unloads the module (the caller through ``janitor``). The kernel's cost
@@ -89,14 +90,17 @@ async def load_kernel(
     """
     name = artifact.spec.kernel_name
     image = artifact.image if isinstance(artifact.image, bytes) else bytes(artifact.image)
-    key = (name, hashlib.blake2b(image, digest_size=16).digest())
-    shelved = shelf.take(key)
+    digest = hashlib.blake2b(image, digest_size=16).digest()
+    cost = forecast.model((name, digest), name)
+    # Only a module with no variables of its own comes back as good as new from the shelf.
+    key = (name, artifact.spec.argument_count, digest) if _stateless(artifact) else None
+    shelved = None if key is None else shelf.take(key)
     if shelved is not None:
         kernel = Kernel(
             shelved.module,
             shelved.function,
             artifact.spec.argument_count,
-            forecast.model(key, name),
+            cost,
             artifact.ptx,
             name,
             key,
@@ -139,14 +143,17 @@ async def load_kernel(
         if loaded is not None:
             janitor.submit(f"unloading {name} (its load was cancelled)", partial(_unload, loaded))
         raise
-    return Kernel(
-        module,
-        function,
-        artifact.spec.argument_count,
-        forecast.model(key, name),
-        artifact.ptx,
-        name,
-        key,
+    return Kernel(module, function, artifact.spec.argument_count, cost, artifact.ptx, name, key)
+
+
+def _stateless(artifact: KernelArtifact) -> bool:
+    """Whether ``artifact``'s module is known to declare no ``__device__``/``__constant__`` data.
+
+    Known from its PTX (a cubin alone says nothing here): a module that has
+    some keeps what its kernels wrote there, so it is never shelved.
+    """
+    return bool(artifact.ptx) and not declares_module_variables(
+        artifact.ptx.decode(errors="replace")
     )
 
 
@@ -158,7 +165,7 @@ async def load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
     or whose rewrite the driver refuses keeps the reason instead (its graph
     nodes are patched by the driver). A cancelled caller leaves at once; the
     worker finishes and hands the module to the kernel, or unloads it when the
-    kernel was unloaded meanwhile.
+    kernel was destroyed meanwhile (shelved or unloaded).
     """
     todo = [kernel for kernel in kernels if kernel.table is None]
     if todo:
@@ -170,9 +177,10 @@ async def load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
 def _load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
     d = driver()
     d.cuCtxSetCurrent(context)
-    quiet_device()
     for kernel in kernels:
-        if kernel.table is not None:
+        with kernel.lock:
+            done = kernel.table is not None or kernel.unloaded  # made, or destroyed meanwhile
+        if done:
             continue
         made = _table_kernel(kernel)
         if isinstance(made, str):
@@ -196,6 +204,7 @@ def _table_kernel(kernel: Kernel) -> TableKernel | str:
     except NoTableVariant as refusal:
         return str(refusal)
     d = driver()
+    quiet_device()  # a load behind a running kernel would hold every other thread's calls
     result, module = d.cuModuleLoadData(variant.ptx.encode() + b"\0")
     if int(result):
         return f"the driver refused its PTX ({translate(result, kernel.name)})"
@@ -234,12 +243,16 @@ def shelve_kernel(kernel: Kernel, shelf: ModuleShelf) -> list[ShelvedModule]:
     """Keep a destroyed kernel's module on ``shelf``; the modules it pushed out, to unload.
 
     No driver call: its table variant, if a worker thread is still making it,
-    is unloaded by that worker (the kernel is marked unloaded here).
+    is unloaded by that worker (the kernel is marked unloaded here). A module
+    that may not be shelved (see :func:`_stateless`) is handed back at once.
     """
     with kernel.lock:
         kernel.unloaded = True
         table = kernel.table
-    return shelf.keep(kernel.key, ShelvedModule(kernel.module, kernel.function, table))
+    shelved = ShelvedModule(kernel.module, kernel.function, table)
+    if kernel.key is None:
+        return [shelved]
+    return shelf.keep(kernel.key, shelved)
 
 
 def _unload(module: Any) -> Any:

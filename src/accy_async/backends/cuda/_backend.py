@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any, Final
 
+import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
@@ -79,7 +80,8 @@ from ._device import DeviceState, DriverResults
 from ._graphs import destroy_graph, instantiate_graph, launch_graph
 from ._launch import CudaStageLauncher, Kernel
 from ._marks import CudaRead, CudaStreamMark
-from ._memory import Allocation
+from ._memory import Allocation, quiet_device
+from ._module_shelf import ShelvedModule
 from .compile_pool import CompilePool, shared_compile_pool
 from .driver import driver, initialised_driver, probe_cuda
 from .nvrtc import nvrtc_version
@@ -87,11 +89,11 @@ from .nvrtc import nvrtc_version
 __all__ = ["CudaBackend", "probe_cuda"]
 
 _PER_THREAD_STREAM: Final = 2
+"""CU_STREAM_PER_THREAD; 0 and 1 are the NULL and legacy streams: handles of no context."""
 _GRANULE: Final = 512
 """Allocations are rounded up to this many bytes (kept blocks are reused by size)."""
 _MEMORY_CACHE_CEILING: Final = 4 << 30
-"""The most device memory kept for reuse by default (else a sixteenth of the device's)."""
-"""CU_STREAM_PER_THREAD; 0 and 1 are the NULL and legacy streams: handles of no context."""
+"""The most device memory kept for reuse by default (else a sixteenth of ``limits``')."""
 
 
 class CudaBackend(Backend):
@@ -176,7 +178,7 @@ class CudaBackend(Backend):
             poison=self.poison,
             poll_interval=poll_interval,
             memory_cache_bytes=(
-                min(total // 16, _MEMORY_CACHE_CEILING)
+                min(self.limits.max_total_bytes // 16, _MEMORY_CACHE_CEILING)
                 if memory_cache_bytes is None
                 else memory_cache_bytes
             ),
@@ -297,8 +299,7 @@ class CudaBackend(Backend):
         with state.bound():
             pointer = self._device_alloc(capacity)
             if pointer % alignment:
-                d = driver()
-                state.janitor.submit("freeing a misaligned buffer", lambda: d.cuMemFree(pointer))
+                self._release_block(Allocation(pointer, pointer, capacity))
                 capacity += alignment
                 padded = self._device_alloc(capacity)
                 return Allocation(padded, padded + (-padded) % alignment, capacity)
@@ -307,7 +308,8 @@ class CudaBackend(Backend):
     def _device_alloc(self, size: int) -> int:
         """``cuMemAlloc``; out of memory, it frees the kept blocks and tries once more.
 
-        Those frees run here, on the caller's thread: each waits for the device.
+        Those frees run here, on the event loop's thread, as a last resort: each
+        waits for the device.
         """
         d = driver()
         result, pointer = d.cuMemAlloc(size)
@@ -316,6 +318,56 @@ class CudaBackend(Backend):
                 d.cuMemFree(base)
             result, pointer = d.cuMemAlloc(size)
         return int(self._results.value((result, pointer), f"allocating {size} bytes"))
+
+    def _release_block(self, allocation: Allocation) -> None:
+        """Keep ``allocation`` for reuse, or free it on the janitor's thread.
+
+        Memory other libraries were offered (:meth:`mark_shared`) is freed, as
+        ``cuMemFree`` waits for their work on it too.
+        """
+        state = self._device_state
+        if allocation.shared or not state.blocks.keep(allocation):
+            base = allocation.base
+            state.janitor.submit(f"freeing {allocation!r}", lambda: driver().cuMemFree(base))
+
+    def mark_shared(self, buffer: BufferHandle) -> None:
+        """Its memory is freed when it is destroyed, never kept for another buffer.
+
+        For buffers other libraries may use on streams of theirs (an
+        :class:`~accy_async.arrays.ArrayView` marks its buffer):
+        ``cuMemFree`` waits for their work, which this backend cannot see.
+        """
+        native = buffer.native
+        if isinstance(native, Allocation):
+            native.shared = True
+
+    async def empty_cache(self) -> int:
+        """Free the memory and unload the modules kept for reuse; the bytes freed.
+
+        For other allocators of the process (PyTorch's, CuPy's) that ran out of
+        memory. The frees run on a worker thread, after the device's running
+        work (:meth:`aclose` does the same).
+        """
+        await anyio.lowlevel.checkpoint()
+        state = self._device_state
+        held = state.blocks.held
+        bases, shelved = state.blocks.drain(), state.shelf.drain()
+        if bases or shelved:
+            await anyio.to_thread.run_sync(self._free_kept, bases, shelved)
+        return held
+
+    def _free_kept(self, bases: Sequence[int], shelved: Sequence[ShelvedModule]) -> None:
+        """Free kept blocks and unload shelved modules (on any thread), failures remembered."""
+        d = driver()
+        failures = self._device_state.janitor.failures
+        with self._device_state.bound():
+            quiet_device()
+            for base in bases:
+                if int(d.cuMemFree(base)[0]):
+                    failures.append(f"freeing a kept block at 0x{base:x}")
+            for each in shelved:
+                if int(unload_shelved(each)[0]):
+                    failures.append("unloading a shelved module")
 
     def _buffer_address(self, native: Any) -> int:
         address: int = native.address
@@ -696,10 +748,7 @@ class CudaBackend(Backend):
         d = driver()
         state = self._device_state
         if isinstance(obj, BufferHandle):
-            allocation = obj.native
-            if not state.blocks.keep(allocation):
-                pointer = allocation.base
-                state.janitor.submit(f"freeing {obj!r}", lambda: d.cuMemFree(pointer))
+            self._release_block(obj.native)
         elif isinstance(obj, LoadedArtifact):
             for shelved in shelve_kernel(obj.native, state.shelf):
                 state.janitor.submit(
@@ -731,11 +780,8 @@ class CudaBackend(Backend):
         self._device_state.release_staged()
         self._device_state.reactor.close()
         self._device_state.janitor.close()
-        # The device is idle (aclose drained it): what was kept for reuse goes now.
-        for base in self._device_state.blocks.drain():
-            d.cuMemFree(base)
-        for shelved in self._device_state.shelf.drain():
-            unload_shelved(shelved)
+        # What was kept for reuse goes now (aclose drained the device, unless it faulted).
+        self._free_kept(self._device_state.blocks.drain(), self._device_state.shelf.drain())
         if self._device_state.janitor.failures:
             warnings.warn(
                 f"accy-async: {len(self._device_state.janitor.failures)} CUDA releases failed: "

@@ -70,11 +70,12 @@ class Kernel:
         cost: CostModel,
         ptx: bytes = b"",
         name: str = "",
-        key: tuple[str, bytes] = ("", b""),
+        key: tuple[str, int, bytes] | None = None,
     ) -> None:
         self.name = name
         self.key = key
-        """``(name, image digest)``: where its module is shelved once the kernel is destroyed."""
+        """``(name, argument count, image digest)``: where its module is shelved once the
+        kernel is destroyed; ``None`` for a module that is unloaded instead."""
         self.ptx = ptx
         """The PTX the module was made from, where known (the table variant is made from it)."""
         self.table: TableKernel | str | None = None

@@ -1,7 +1,10 @@
 """Device and pinned host memory of the CUDA backend, and the thread that frees it.
 
-Frees that may synchronize the device (``cuMemFree``, ``cuModuleUnload``,
-``cuMemFreeHost``) run on the :class:`Janitor`'s thread, never on the event loop's.
+Destroyed buffers' memory is kept for reuse (:class:`BlockCache`). Frees that
+may synchronize the device (``cuMemFree``, ``cuModuleUnload``,
+``cuMemFreeHost``) run on the :class:`Janitor`'s thread, after the device's
+running work (:func:`quiet_device`); on the event loop's only as a last resort
+(an allocation out of memory frees the kept blocks and tries again).
 """
 
 from __future__ import annotations
@@ -196,14 +199,19 @@ class BlockCache:
 
 
 class Allocation:
-    """A device allocation: ``base`` to free, ``address`` (aligned) to use, ``capacity`` bytes."""
+    """A device allocation: ``base`` to free, ``address`` (aligned) to use, ``capacity`` bytes.
 
-    __slots__ = ("address", "base", "capacity")
+    ``shared``: other libraries may use it on streams of theirs, so it is freed
+    when destroyed (``cuMemFree`` waits for them), never kept for reuse.
+    """
+
+    __slots__ = ("address", "base", "capacity", "shared")
 
     def __init__(self, base: int, address: int, capacity: int) -> None:
         self.base = base
         self.address = address
         self.capacity = capacity
+        self.shared = False
 
     def __int__(self) -> int:
         return self.address

@@ -32,7 +32,7 @@ class ShelvedModule(NamedTuple):
 
 
 class ModuleShelf:
-    """Idle modules by ``(kernel name, image digest)``, least recently shelved first.
+    """Idle modules by ``(kernel name, argument count, image digest)``, least recently first.
 
     Taken and shelved on the event loop's thread; locked all the same, as the
     backend may close from another thread.
@@ -42,11 +42,11 @@ class ModuleShelf:
         self.capacity = capacity
         self.taken = 0
         """How many loads were served from the shelf (tests and probes read it)."""
-        self._idle: OrderedDict[tuple[str, bytes], list[ShelvedModule]] = OrderedDict()
+        self._idle: OrderedDict[tuple[str, int, bytes], list[ShelvedModule]] = OrderedDict()
         self._count = 0
         self._lock = threading.Lock()
 
-    def take(self, key: tuple[str, bytes]) -> ShelvedModule | None:
+    def take(self, key: tuple[str, int, bytes]) -> ShelvedModule | None:
         """An idle module of ``key``'s image, now the caller's; ``None`` if none is kept."""
         with self._lock:
             kept = self._idle.get(key)
@@ -59,7 +59,7 @@ class ModuleShelf:
             self.taken += 1
             return shelved
 
-    def keep(self, key: tuple[str, bytes], shelved: ShelvedModule) -> list[ShelvedModule]:
+    def keep(self, key: tuple[str, int, bytes], shelved: ShelvedModule) -> list[ShelvedModule]:
         """Keep ``shelved`` for the next load of ``key``; the modules it pushed out, to unload."""
         with self._lock:
             self._idle.setdefault(key, []).append(shelved)

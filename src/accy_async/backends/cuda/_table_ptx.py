@@ -24,7 +24,13 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["TABLE_SUFFIX", "NoTableVariant", "TableVariant", "table_variant"]
+__all__ = [
+    "TABLE_SUFFIX",
+    "NoTableVariant",
+    "TableVariant",
+    "declares_module_variables",
+    "table_variant",
+]
 
 TABLE_SUFFIX: Final = "__accy_table"
 """Appended to a kernel's name to name its table variant."""
@@ -42,6 +48,11 @@ _TABLE_REGISTER: Final = "%accy_table"
 _MODULE_VARIABLE: Final = re.compile(
     r"^\s*(?:\.(?:visible|extern|weak|common)\s+)*\.(?:global|const)\s", re.MULTILINE
 )
+
+
+def declares_module_variables(ptx: str) -> bool:
+    """Whether the module ``ptx`` declares ``.global`` or ``.const`` variables of its own."""
+    return _MODULE_VARIABLE.search(ptx) is not None
 
 
 class NoTableVariant(Exception):
