@@ -11,12 +11,13 @@
   a sixteenth of the device's memory, at most 4 GiB; 0 keeps none), and a
   destroyed kernel's module for the next load of its image (neither when
   the environment sets ``ACCY_CUDA_NO_CACHING``, for compute-sanitizer's
-  memcheck to see every free): ``cuMemFree``
-  and module loads and unloads wait for every kernel running on the device,
-  and the driver holds every other thread's launches, records and
-  allocations meanwhile. The frees and unloads that remain (and the loads)
-  run on worker threads, never on the event loop's, each after waiting for
-  the device's running work without holding the driver.
+  memcheck to see every free): ``cuMemFree`` and module loads wait for every
+  kernel running on the device, and the driver holds every other thread's
+  launches, records and allocations meanwhile. The frees, unloads and loads
+  that remain run on worker threads, each after waiting for the device's
+  running work without holding the driver; on the event loop's thread only
+  when an allocation runs out of memory (the kept blocks are freed there,
+  as a last resort, and the allocation tried again).
 * **Artifacts**: CUDA C++ compiled by NVRTC to a cubin for the device (PTX as
   the fallback), or PTX or cubin payloads; compiling and loading run in worker
   threads. Each loaded kernel keeps one packed argument array (a ``void*``

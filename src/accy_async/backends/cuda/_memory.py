@@ -28,11 +28,13 @@ _SPARE: Final = 64 * 1024
 def quiet_device() -> None:
     """Wait, holding nothing, for the work the device runs now (on a worker thread).
 
-    A module load or unload behind a running kernel waits for it, and the
-    driver holds every other thread's launches, records and allocations
-    meanwhile: waiting here first leaves the loop's driver calls free, and the
-    load then finds the device idle (unless new work came in between). An error
-    of earlier work is left to the calls that report it.
+    A module load or a ``cuMemFree`` behind a running kernel waits for it, and
+    the driver holds every other thread's launches, records and allocations
+    meanwhile; this wait holds no other thread (``driver-hold-probe.txt``), so
+    the loop's driver calls stay free, and the load or free then finds the
+    device idle (unless new work came in between). The waiting thread spins
+    (the context's default scheduling, with more cores than contexts), as the
+    held call did. An error of earlier work is left to the calls that report it.
     """
     driver().cuCtxSynchronize()
 

@@ -1,12 +1,12 @@
 """Modules of destroyed kernels, kept loaded for the next load of the same image.
 
-``cuModuleLoadData`` and ``cuModuleUnload`` wait for every kernel running on
-the device, and while they wait the driver holds every other thread's
-launches, event records and allocations (on the H200, 42-43 ms behind a 50 ms
-kernel: ``benchmarks/results/driver-lock-probe.txt``). A ``launch_pipeline``
-without a pool loads and destroys its kernels on every call, and so does any
-code that loads a kernel for a while: with the module kept, its next load
-takes it back with no driver call at all, and a busy device stalls nothing.
+``cuModuleLoadData`` waits for every kernel running on the device, and while it
+waits the driver holds every other thread's launches, event records and
+allocations (on the H200, about 47 ms behind a 50 ms kernel:
+``benchmarks/results/driver-hold-probe.txt``; ``cuModuleUnload`` waits too, but
+holds no other thread). A ``launch_pipeline`` without a pool loads and destroys
+its kernels on every call, and so does any code that loads a kernel for a while:
+with the module kept, its next load takes it back with no driver call at all.
 """
 
 from __future__ import annotations
