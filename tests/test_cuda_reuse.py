@@ -5,6 +5,11 @@ Their use by the backend is tested on the GPU in ``test_cuda_driver_hold.py``.
 
 from __future__ import annotations
 
+import threading
+from functools import partial
+
+import pytest
+
 from accy_async.backends.cuda._memory import Allocation, BlockCache
 from accy_async.backends.cuda._module_shelf import ModuleShelf, ShelvedModule
 
@@ -93,3 +98,40 @@ def test_two_loads_of_one_image_are_both_kept() -> None:
         ShelvedModule("m1", "f1", None),
         ShelvedModule("m2", "f2", None),
     }
+
+
+class _Driver:
+    """Stands in for cuda-python's driver module on a machine without CUDA: the janitor's
+    thread only makes its context current and waits for the device, both recorded."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def cuCtxSetCurrent(self, context: object) -> tuple[int]:
+        self.calls.append("current")
+        return (0,)
+
+    def cuCtxSynchronize(self) -> tuple[int]:
+        self.calls.append("quiet")
+        return (0,)
+
+
+def test_the_janitor_waits_once_per_batch_runs_it_in_order_and_stops_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accy_async.backends.cuda import _memory
+
+    calls: list[str] = []
+    monkeypatch.setattr(_memory, "driver", lambda: _Driver(calls))
+    gate = threading.Event()
+    janitor = _memory.Janitor(context=None)
+    janitor.submit("held", gate.wait)  # the rest queue up behind it: one batch
+    for index in range(3):
+        janitor.submit(f"work {index}", partial(calls.append, f"work {index}"))
+    janitor.submit("a failed free", lambda: (1,))  # a CUresult that is not success
+    janitor.submit("a raising one", lambda: 1 / 0)
+    gate.set()
+    janitor.close()
+    assert calls == ["current", "quiet", "work 0", "work 1", "work 2"]
+    assert len(janitor.failures) == 2
+    assert janitor.failures[1].startswith("a raising one: ")

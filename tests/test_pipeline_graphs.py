@@ -52,6 +52,38 @@ def _result_bytes(document: p.PipelineDocument, n: int) -> int:
     return sum(4 * p.resolve_quantity(result.extent, [p.U32(n)]) for result in document.results)
 
 
+async def _result_of(
+    backend: accy.Backend,
+    document: p.PipelineDocument,
+    scalars: Any,
+    held: tuple[list[accy.BufferHandle], Any, Any, accy.StreamHandle],
+    mode: bool | None,
+    launches: int,
+) -> bytes:
+    """The result's bytes after ``launches`` launches of one new request into a new buffer.
+
+    ``held``: the operands, pool, scratch and stream the request launches with.
+    """
+    operands, pool, scratch, stream = held
+    result = backend.allocate_buffer(_result_bytes(document, N))
+    request = PipelineLaunch.of(
+        document,
+        operands=tuple(b.bind("read_only") for b in operands),
+        results=(result.bind(),),
+        runtime_scalar_arguments=scalars,
+        intermediates=scratch,
+        artifacts=pool,
+        stream=stream,
+        device_graph=mode,
+    )
+    for _ in range(launches):
+        await launch_pipeline(backend, request)
+    await accy.wait_stream(backend, stream)
+    got = bytes(await accy.wait_read(backend.enqueue_read(result, stream=stream)))
+    backend.destroy(result)
+    return got
+
+
 @pytest.mark.parametrize("name", sorted(library.BUILTIN_PLANS))
 async def test_every_builtin_pipeline_gives_the_same_bytes_as_one_graph(
     executing_backend: accy.Backend, name: str
@@ -66,23 +98,10 @@ async def test_every_builtin_pipeline_gives_the_same_bytes_as_one_graph(
         await load_pipeline_artifacts(backend, document.pipeline, document.registry) as pool,
         await allocate_pipeline_intermediates(backend, document.pipeline, scalars) as scratch,
     ):
+        held = (operands, pool, scratch, stream)
         for mode in (False, True, None):
-            result = backend.allocate_buffer(_result_bytes(document, N))
-            request = PipelineLaunch.of(
-                document,
-                operands=tuple(b.bind("read_only") for b in operands),
-                results=(result.bind(),),
-                runtime_scalar_arguments=scalars,
-                intermediates=scratch,
-                artifacts=pool,
-                stream=stream,
-                device_graph=mode,
-            )
-            for _ in range(3):  # the automatic choice makes a graph from the second launch
-                await launch_pipeline(backend, request)
-            await accy.wait_stream(backend, stream)
-            got[mode] = bytes(await accy.wait_read(backend.enqueue_read(result, stream=stream)))
-            backend.destroy(result)
+            # The automatic choice makes a graph from the second launch.
+            got[mode] = await _result_of(backend, document, scalars, held, mode, 3)
         assert len(pool.graphs)  # made with graph=True at least
         if backend.kind == "cuda":  # every built-in kernel reads its arguments from the table
             from accy_async.backends.cuda._launch import TableKernel
@@ -113,22 +132,9 @@ async def test_new_requests_of_a_recurring_geometry_give_the_stage_by_stage_byte
         await load_pipeline_artifacts(backend, document.pipeline, document.registry) as pool,
         await allocate_pipeline_intermediates(backend, document.pipeline, scalars) as scratch,
     ):
+        held = (operands, pool, scratch, stream)
         for mode in (False, None, None, None):
-            result = backend.allocate_buffer(_result_bytes(document, N))
-            request = PipelineLaunch.of(
-                document,
-                operands=tuple(b.bind("read_only") for b in operands),
-                results=(result.bind(),),
-                runtime_scalar_arguments=scalars,
-                intermediates=scratch,
-                artifacts=pool,
-                stream=stream,
-                device_graph=mode,
-            )
-            await launch_pipeline(backend, request)
-            await accy.wait_stream(backend, stream)
-            got.append(bytes(await accy.wait_read(backend.enqueue_read(result, stream=stream))))
-            backend.destroy(result)
+            got.append(await _result_of(backend, document, scalars, held, mode, 1))  # noqa: PERF401
         assert len(pool.graphs) == 1  # the geometry recurred: the last two went as its graph
         assert pool.graphs.graphs[resolve_launch(pool, scalars).configs].last_stream is stream
     assert got[1:] == got[:1] * 3

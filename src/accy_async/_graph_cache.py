@@ -67,6 +67,13 @@ class GraphCache:
                 await self.backend.prepare_graph_kernels(loaded)
                 self.prepared = True
 
+    def cached(self, key: Hashable) -> GraphExec | None:
+        """The graph made for ``key``, now the most recently used; ``None`` if none is."""
+        graph = self.graphs.get(key)
+        if graph is not None:
+            self.graphs.move_to_end(key)
+        return graph
+
     def get(
         self,
         key: Hashable,
@@ -83,9 +90,8 @@ class GraphCache:
         logging once that ``what`` launches node by node. ``streams()`` are
         the streams an evicted graph may still run on.
         """
-        graph = self.graphs.get(key)
+        graph = self.cached(key)
         if graph is not None:
-            self.graphs.move_to_end(key)
             return graph
         if self.unavailable is not None and wanted is not True:
             return None

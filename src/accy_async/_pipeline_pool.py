@@ -112,9 +112,8 @@ class PipelineArtifactPool:
 
     def graph_for(self, configs: tuple[LaunchConfig, ...], wanted: bool | None) -> GraphExec | None:
         """The stages at ``configs`` as one graph (see :class:`GraphCache`)."""
-        graph = self.graphs.graphs.get(configs)
-        if graph is not None:  # the hot path: no closures made
-            self.graphs.graphs.move_to_end(configs)
+        graph = self.graphs.cached(configs)  # the hot path: no closures made
+        if graph is not None:
             return graph
         return self.graphs.get(
             configs,

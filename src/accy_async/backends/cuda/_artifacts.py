@@ -82,11 +82,8 @@ async def load_kernel(
 
     A module of the same image kept on ``shelf`` (its kernel was destroyed; only
     modules without variables of their own are kept) is taken back with no
-    driver call. Otherwise a worker thread loads it, after
-    waiting for the device to finish its work (see :func:`quiet_device`); a
-    cancelled caller leaves at once, and whichever of the two finishes last
-    unloads the module (the caller through ``janitor``). The kernel's cost
-    model is shared by every load of the same image.
+    driver call; otherwise a worker thread loads it (:func:`_load_module`). The
+    kernel's cost model is shared by every load of the same image.
     """
     name = artifact.spec.kernel_name
     image = artifact.image if isinstance(artifact.image, bytes) else bytes(artifact.image)
@@ -95,19 +92,31 @@ async def load_kernel(
     # Only a module with no variables of its own comes back as good as new from the shelf.
     key = (name, artifact.spec.argument_count, digest) if _stateless(artifact) else None
     shelved = None if key is None else shelf.take(key)
-    if shelved is not None:
-        kernel = Kernel(
-            shelved.module,
-            shelved.function,
-            artifact.spec.argument_count,
-            cost,
-            artifact.ptx,
-            name,
-            key,
-        )
-        kernel.table = shelved.table
-        return kernel
+    if shelved is None:
+        module, function = await _load_module(context, artifact, janitor)
+        shelved = ShelvedModule(module, function, None)
+    kernel = Kernel(
+        shelved.module,
+        shelved.function,
+        artifact.spec.argument_count,
+        cost,
+        artifact.ptx,
+        name,
+        key,
+    )
+    kernel.table = shelved.table
+    return kernel
 
+
+async def _load_module(context: Any, artifact: KernelArtifact, janitor: Janitor) -> tuple[Any, Any]:
+    """``artifact``'s module loaded on a worker thread, and its kernel's function.
+
+    The thread first waits for the device's running work (:func:`quiet_device`);
+    a caller cancelled meanwhile leaves at once, and the thread loads nothing,
+    or whichever of the two finishes last unloads the module (the caller
+    through ``janitor``).
+    """
+    name = artifact.spec.kernel_name
     lock = threading.Lock()
     state: dict[str, Any] = {}
 
@@ -133,7 +142,7 @@ async def load_kernel(
         return module, function
 
     try:
-        module, function = await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
     except BaseException:
         # Cancelled while the worker thread loads: the caller leaves at once, and whichever
         # of the two finishes last unloads the module.
@@ -143,7 +152,6 @@ async def load_kernel(
         if loaded is not None:
             janitor.submit(f"unloading {name} (its load was cancelled)", partial(_unload, loaded))
         raise
-    return Kernel(module, function, artifact.spec.argument_count, cost, artifact.ptx, name, key)
 
 
 def _stateless(artifact: KernelArtifact) -> bool:

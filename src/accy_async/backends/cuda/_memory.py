@@ -109,9 +109,9 @@ class Janitor:
 
     def _run(self) -> None:
         driver().cuCtxSetCurrent(self._context)
-        while True:
-            item = self._queue.get()
-            # Frees and unloads behind a running kernel would wait for it holding the driver.
+        while (item := self._queue.get()) is not None:
+            # A free behind a running kernel would wait for it holding the driver: one wait
+            # first, then the whole batch queued by then.
             quiet_device()
             while item is not None:
                 self._do(*item)
@@ -119,7 +119,7 @@ class Janitor:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            else:
+            if item is None:  # closed while the batch ran
                 return
 
     def _do(self, what: str, work: Callable[[], Any]) -> None:
