@@ -24,6 +24,7 @@ from accy_async import library
 from accy_async import plan as p
 from accy_async.backends.cuda import CudaBackend
 from accy_async.pipeline import PipelineLaunch, launch_pipeline
+from accy_async.testing import assert_checkpoint
 
 from .conftest import needs_gpu
 from .kernels import grid_for, load, spec
@@ -250,6 +251,7 @@ async def test_empty_cache_gives_the_kept_memory_back(cuda: CudaBackend) -> None
     assert await cuda.empty_cache() == kept
     assert state.blocks.held == 0 and len(state.shelf) == 0
     assert await cuda.empty_cache() == 0
+    await assert_checkpoint(cuda.empty_cache)  # a checkpoint with nothing to free, too
 
 
 async def test_memory_other_libraries_were_offered_is_freed_not_kept(cuda: CudaBackend) -> None:
