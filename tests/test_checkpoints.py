@@ -11,6 +11,7 @@ tasks that loop thousands of times over launches and waits.
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -188,8 +189,12 @@ async def test_backend_calls_are_checkpoints() -> None:
 # ----- a loop that serves fast work keeps its heartbeat --------------------------------------
 
 
-async def _worst_lag(serve: Callable[[], Awaitable[None]]) -> float:
-    """Run ``serve`` beside a heartbeat (garbage collector paused); its worst lag, in seconds."""
+async def _worst_lag(serve: Callable[[], Awaitable[None]]) -> tuple[float, float]:
+    """Run ``serve`` beside a heartbeat (garbage collector paused).
+
+    Its worst lag in wall time and in the loop thread's CPU time, in seconds
+    (see :class:`Heartbeat`).
+    """
     heartbeat = Heartbeat()
     gc.collect()
     gc.disable()
@@ -198,20 +203,52 @@ async def _worst_lag(serve: Callable[[], Awaitable[None]]) -> float:
             group.start_soon(heartbeat.run)
             await anyio.sleep(0.005)
             await serve()
+            await anyio.sleep(0.005)  # a tick after the last of serve's work: a stall there counts
             group.cancel_scope.cancel()
     finally:
         gc.enable()
-    return heartbeat.worst
+    return heartbeat.worst, heartbeat.worst_cpu
 
 
-async def _best_of_three(serve: Callable[[], Awaitable[None]]) -> list[float]:
-    """Worst lags of up to three runs, stopping at the first under 10 ms (CI machines stall)."""
+async def _best_of_three(serve: Callable[[], Awaitable[None]]) -> list[tuple[float, float]]:
+    """Worst lags of up to three runs, stopping at the first that keeps the loop free.
+
+    A run keeps it free when the heartbeat's worst lag is under 10 ms, or, on a
+    machine so loaded that the process itself waits for a CPU (CI's, shared; two
+    suites at once: 13-20 ms of wall lag measured so with nothing wrong), when the
+    loop's thread spent under 10 ms of CPU between two ticks and the wall lag stays
+    under 50 ms. A serving task that never yields fails both: its loop's thread
+    burns the CPU for the whole stall (0.3-0.8 s before every wait was a checkpoint).
+    """
     lags = []
     for _ in range(3):
         lags.append(await _worst_lag(serve))
-        if lags[-1] < 0.010:
+        if _kept_free(*lags[-1]):
             break
     return lags
+
+
+def _kept_free(wall: float, cpu: float) -> bool:
+    """Whether a run's worst lags (wall and loop-thread CPU, seconds) show a free loop."""
+    return wall < 0.010 or (cpu < 0.010 and wall < 0.050)
+
+
+def _described(lags: list[tuple[float, float]]) -> str:
+    return ", ".join(f"{wall * 1e3:.1f} ms ({cpu * 1e3:.1f} ms of CPU)" for wall, cpu in lags)
+
+
+async def test_the_heartbeat_check_catches_a_task_that_never_yields() -> None:
+    """What the two tests below would see if a serving task kept the loop (100 ms)."""
+
+    async def serve() -> None:
+        stop = time.perf_counter() + 0.1
+        while time.perf_counter() < stop:
+            pass  # work that is done at once, with no checkpoint between
+        await anyio.lowlevel.checkpoint()
+
+    lags = await _best_of_three(serve)
+    assert len(lags) == 3
+    assert not any(_kept_free(*lag) for lag in lags), _described(lags)
 
 
 async def test_thousands_of_fast_launches_and_waits_keep_the_loop_free() -> None:
@@ -233,7 +270,7 @@ async def test_thousands_of_fast_launches_and_waits_keep_the_loop_free() -> None
                 await accy.wait_event(backend, event)
 
         lags = await _best_of_three(serve)
-    assert min(lags) < 0.010, f"worst heartbeat lags {[round(lag * 1e3, 1) for lag in lags]} ms"
+    assert any(_kept_free(*lag) for lag in lags), f"worst heartbeat lags: {_described(lags)}"
     backend.destroy_all([operand, result, event])
     await backend.aclose()
 
@@ -282,6 +319,6 @@ async def test_a_scan_service_on_the_cpu_keeps_the_loop_free(cpu_backend: accy.C
 
     lags = await _best_of_three(serve)
     assert wrong == 0
-    assert min(lags) < 0.010, f"worst heartbeat lags {[round(lag * 1e3, 1) for lag in lags]} ms"
+    assert any(_kept_free(*lag) for lag in lags), f"worst heartbeat lags: {_described(lags)}"
     await pool.aclose()
     backend.destroy(x)
