@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from functools import partial
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,76 @@ def test_the_janitor_waits_once_per_batch_runs_it_in_order_and_stops_after_it(
     assert calls == ["current", "quiet", "work 0", "work 1", "work 2"]
     assert len(janitor.failures) == 2
     assert janitor.failures[1].startswith("a raising one: ")
+
+
+class _AllocatingDriver:
+    """cuda-python's driver for ``cuMemAlloc``/``cuMemFree`` on a device that holds
+    ``free_bytes`` (freed memory counts again), with the real ``CUresult`` values."""
+
+    def __init__(self, free_bytes: int) -> None:
+        from cuda.bindings import driver as real
+
+        self.CUresult = real.CUresult
+        self.free_bytes = free_bytes
+        self.calls: list[str] = []
+        self.sizes: dict[int, int] = {}
+        self._next = 1 << 32
+
+    def cuMemAlloc(self, size: int) -> tuple[object, int]:
+        self.calls.append(f"alloc {size}")
+        if size > self.free_bytes:
+            return self.CUresult.CUDA_ERROR_OUT_OF_MEMORY, 0
+        self.free_bytes -= size
+        pointer, self._next = self._next, self._next + size
+        self.sizes[pointer] = size
+        return self.CUresult.CUDA_SUCCESS, pointer
+
+    def cuMemFree(self, pointer: int) -> tuple[object]:
+        self.calls.append(f"free {pointer:#x}")
+        self.free_bytes += self.sizes.pop(pointer)
+        return (self.CUresult.CUDA_SUCCESS,)
+
+
+def _device_state_allocating(
+    monkeypatch: pytest.MonkeyPatch, free_bytes: int
+) -> tuple[_AllocatingDriver, Any]:
+    """``DeviceState.allocate`` bound to a kept-block cache and a stand-in driver."""
+    from types import SimpleNamespace
+
+    from accy_async.backends.cuda import _device
+    from accy_async.backends.cuda._device import DeviceState, DriverResults
+
+    fake = _AllocatingDriver(free_bytes)
+    monkeypatch.setattr(_device, "driver", lambda: fake)
+    results = DriverResults(poison=lambda fault: None)
+    state: Any = SimpleNamespace(blocks=BlockCache(limit=16 * MiB), value=results.value)
+    state.allocate = partial(DeviceState.allocate, state)
+    return fake, state
+
+
+def test_kept_blocks_are_freed_when_an_allocation_runs_out_of_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Any allocation of the context (a buffer's, a graph's argument table) drains the kept
+    blocks and tries again, rather than fail while memory it holds could serve it."""
+    fake, state = _device_state_allocating(monkeypatch, free_bytes=3 * MiB)
+    kept = [state.allocate(MiB, "a buffer") for _ in range(3)]
+    for pointer in kept:
+        assert state.blocks.keep(Allocation(pointer, pointer, MiB))
+    fake.calls.clear()
+    table = state.allocate(2 * MiB, "allocating a graph's argument table")
+    assert fake.calls[0] == f"alloc {2 * MiB}"  # out of memory: every kept block is freed
+    assert sorted(fake.calls[1:4]) == sorted(f"free {pointer:#x}" for pointer in kept)
+    assert fake.calls[4:] == [f"alloc {2 * MiB}"]
+    assert table in fake.sizes and not state.blocks.held
+
+
+def test_an_allocation_with_nothing_kept_fails_naming_what_it_allocated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accy_async.errors import OutOfDeviceMemory
+
+    fake, state = _device_state_allocating(monkeypatch, free_bytes=MiB)
+    with pytest.raises(OutOfDeviceMemory, match="allocating a graph's argument table failed"):
+        state.allocate(2 * MiB, "allocating a graph's argument table")
+    assert fake.calls == [f"alloc {2 * MiB}"]  # nothing kept: no second try

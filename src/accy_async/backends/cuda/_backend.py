@@ -298,27 +298,13 @@ class CudaBackend(Backend):
             return kept
         capacity = -(-byte_size // _GRANULE) * _GRANULE
         with state.bound():
-            pointer = self._device_alloc(capacity)
+            pointer = state.allocate(capacity, f"allocating {capacity} bytes")
             if pointer % alignment:
                 self._release_block(Allocation(pointer, pointer, capacity))
                 capacity += alignment
-                padded = self._device_alloc(capacity)
+                padded = state.allocate(capacity, f"allocating {capacity} bytes")
                 return Allocation(padded, padded + (-padded) % alignment, capacity)
         return Allocation(pointer, pointer, capacity)
-
-    def _device_alloc(self, size: int) -> int:
-        """``cuMemAlloc``; out of memory, it frees the kept blocks and tries once more.
-
-        Those frees run here, on the event loop's thread, as a last resort: each
-        waits for the device.
-        """
-        d = driver()
-        result, pointer = d.cuMemAlloc(size)
-        if result == d.CUresult.CUDA_ERROR_OUT_OF_MEMORY and self._device_state.blocks.held:
-            for base in self._device_state.blocks.drain():
-                d.cuMemFree(base)
-            result, pointer = d.cuMemAlloc(size)
-        return int(self._results.value((result, pointer), f"allocating {size} bytes"))
 
     def _release_block(self, allocation: Allocation) -> None:
         """Keep ``allocation`` for reuse, or free it on the janitor's thread.

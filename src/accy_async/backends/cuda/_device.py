@@ -189,6 +189,24 @@ class DeviceState(DriverResults):
         if record is not None:
             self.ledgers[stream.id].enqueue_wait(record.ledger, record.position)
 
+    # ----- device memory -------------------------------------------------------------------
+
+    def allocate(self, size: int, action: str) -> int:
+        """``cuMemAlloc`` of ``size`` bytes (the context current); raises as ``action`` failing.
+
+        Out of memory, it frees the blocks kept for reuse and tries once more:
+        the kept blocks are never the reason an allocation fails. Those frees
+        run here, on the event loop's thread, as a last resort: each waits for
+        the device.
+        """
+        d = driver()
+        result, pointer = d.cuMemAlloc(size)
+        if result == d.CUresult.CUDA_ERROR_OUT_OF_MEMORY and self.blocks.held:
+            for base in self.blocks.drain():
+                d.cuMemFree(base)
+            result, pointer = d.cuMemAlloc(size)
+        return int(self.value((result, pointer), action))
+
     # ----- staging memory ------------------------------------------------------------------
 
     def take_staging(self, size: int) -> tuple[int, int]:

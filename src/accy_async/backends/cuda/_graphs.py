@@ -386,10 +386,8 @@ def _build(device: DeviceState, built: CudaGraph, nodes: Sequence[GraphNode]) ->
     built.table_only = all(offset >= 0 for offset, _ in places)
     try:
         if built.table_size:
-            built.table_native = device.value(
-                d.cuMemAlloc(built.table_size), "allocating a graph's argument table"
-            )
-            built.table = int(built.table_native)
+            built.table = device.allocate(built.table_size, "allocating a graph's argument table")
+            built.table_native = d.CUdeviceptr(built.table)
             built.order = device.value(
                 d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING), "creating an event"
             )
