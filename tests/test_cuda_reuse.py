@@ -209,3 +209,14 @@ def test_an_allocation_with_nothing_kept_fails_naming_what_it_allocated(
     with pytest.raises(OutOfDeviceMemory, match="allocating a graph's argument table failed"):
         state.allocate(2 * MiB, "allocating a graph's argument table")
     assert fake.calls == [f"alloc {2 * MiB}"]  # nothing kept: no second try
+
+
+def test_only_modules_whose_ptx_declares_no_variables_may_be_shelved() -> None:
+    shelf = ModuleShelf()
+    plain = b".visible .entry k(\n.param .u64 k_param_0\n)\n{\nret;\n}\n"
+    stateful = b".global .align 4 .u32 counter;\n" + plain
+    assert shelf.may_keep(b"plain", plain)
+    assert not shelf.may_keep(b"stateful", stateful)
+    assert not shelf.may_keep(b"cubin only", b"")  # a cubin alone says nothing: never kept
+    # Read once per image: the verdict stands for every later load of the same digest.
+    assert shelf.may_keep(b"plain", stateful)

@@ -23,7 +23,7 @@ from ..forecast import Forecast
 from ._launch import Kernel, TableKernel
 from ._memory import Janitor, quiet_device
 from ._module_shelf import ModuleShelf, ShelvedModule
-from ._table_ptx import NoTableVariant, declares_module_variables, table_variant
+from ._table_ptx import NoTableVariant, table_variant
 from .compile_pool import CompilePool
 from .driver import driver, translate
 from .nvrtc import compile_source
@@ -90,7 +90,8 @@ async def load_kernel(
     digest = hashlib.blake2b(image, digest_size=16).digest()
     cost = forecast.model((name, digest), name)
     # Only a module with no variables of its own comes back as good as new from the shelf.
-    key = (name, artifact.spec.argument_count, digest) if _stateless(artifact) else None
+    stateless = shelf.may_keep(digest, artifact.ptx)
+    key = (name, artifact.spec.argument_count, digest) if stateless else None
     shelved = None if key is None else shelf.take(key)
     if shelved is None:
         module, function = await _load_module(context, artifact, janitor)
@@ -152,17 +153,6 @@ async def _load_module(context: Any, artifact: KernelArtifact, janitor: Janitor)
         if loaded is not None:
             janitor.submit(f"unloading {name} (its load was cancelled)", partial(_unload, loaded))
         raise
-
-
-def _stateless(artifact: KernelArtifact) -> bool:
-    """Whether ``artifact``'s module is known to declare no ``__device__``/``__constant__`` data.
-
-    Known from its PTX (a cubin alone says nothing here): a module that has
-    some keeps what its kernels wrote there, so it is never shelved.
-    """
-    return bool(artifact.ptx) and not declares_module_variables(
-        artifact.ptx.decode(errors="replace")
-    )
 
 
 async def load_table_variants(context: Any, kernels: Sequence[Kernel]) -> None:
@@ -252,7 +242,7 @@ def shelve_kernel(kernel: Kernel, shelf: ModuleShelf) -> list[ShelvedModule]:
 
     No driver call: its table variant, if a worker thread is still making it,
     is unloaded by that worker (the kernel is marked unloaded here). A module
-    that may not be shelved (see :func:`_stateless`) is handed back at once.
+    that may not be shelved (see :meth:`ModuleShelf.may_keep`) is handed back at once.
     """
     with kernel.lock:
         kernel.unloaded = True

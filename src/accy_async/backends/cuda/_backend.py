@@ -743,10 +743,10 @@ class CudaBackend(Backend):
                 )
         elif isinstance(obj, EventHandle):
             # Safe while the event is pending: the driver releases it once it completes.
-            self._device_state.records.pop(obj.id, None)
+            state.records.pop(obj.id, None)
             d.cuEventDestroy(obj.native)
         elif isinstance(obj, StreamHandle):
-            self._device_state.ledgers.pop(obj.id, None)
+            state.ledgers.pop(obj.id, None)
             d.cuStreamDestroy(obj.native)
 
     async def _drain(self) -> None:
@@ -755,9 +755,8 @@ class CudaBackend(Backend):
         context = self._context
 
         def synchronize() -> None:
-            d = driver()
-            d.cuCtxSetCurrent(context)
-            d.cuCtxSynchronize()
+            driver().cuCtxSetCurrent(context)
+            quiet_device()
 
         await anyio.to_thread.run_sync(synchronize)
 
