@@ -349,6 +349,46 @@ def test_an_accurate_model_refits_only_now_and_then() -> None:
     assert model.samples == fitted + 1
 
 
+def test_a_model_forgets_old_samples_across_thousands_of_them() -> None:
+    """Past the weights' rescaling (about 4,500 samples), the fit still follows a change."""
+    model = CostModel("copy", byte_features)
+    rng = random.Random(7)
+    for _ in range(6000):
+        n = 10 ** rng.uniform(4, 8)
+        model.learn(n, (10e-6 + n * 1e-12) * (1 + 0.05 * rng.uniform(-1, 1)))
+    predicted = model.predict(1e7)
+    assert predicted is not None and predicted == pytest.approx(20e-6, rel=0.05)
+    for _ in range(300):  # the copies become twice as slow per byte
+        n = 10 ** rng.uniform(4, 8)
+        model.learn(n, (10e-6 + n * 2e-12) * (1 + 0.05 * rng.uniform(-1, 1)))
+    predicted = model.predict(1e7)
+    assert predicted is not None and predicted == pytest.approx(30e-6, rel=0.05)
+
+
+def test_a_settled_model_keeps_measured_points_of_its_predicting_feature_only() -> None:
+    """After its first 32 samples, a model of three features updates one feature's points."""
+    model = CostModel("k", launch_features)
+    rng = random.Random(3)
+
+    def learn_one() -> None:
+        n = int(10 ** rng.uniform(3, 6))
+        noisy = (5e-6 + n * 1e-9) * rng.uniform(0.8, 1.2)
+        model.learn(((n // 256 + 1, 1, 1), (256, 1, 1), (n, 7)), noisy)
+
+    while model.samples < 32:
+        learn_one()
+    assert {feature for feature, _ in model._local} == {0, 1, 2}  # threads, n, the constant 7
+    for _ in range(64):
+        before, best, fitted = dict(model._local), model._best, model.samples
+        assert best is not None
+        learn_one()
+        moved = {key for key, point in model._local.items() if before.get(key) != point}
+        if model.samples > fitted:  # not one of the few within 1.5% (those move nothing)
+            assert moved and {feature for feature, _ in moved} == {best[2]}  # the predicting one
+        else:
+            assert not moved
+
+
 def test_a_cost_that_is_not_a_line_is_learned_per_size() -> None:
     """A scan whose work fits in the L2 cache below 6e6 elements runs 2.5x faster per element."""
 

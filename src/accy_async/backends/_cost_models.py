@@ -12,7 +12,9 @@ decide what to predict and when a completion measured something live in
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -31,6 +33,9 @@ LAUNCH_LATENCY: Final = 3e-6
 _FORGET: Final = 0.95
 """Each sample's weight relative to the next one's: models follow a kernel that changes."""
 
+_RESCALE_AT: Final = 1e100
+"""A weight factor this large scales the sums back down (after about 4,500 samples)."""
+
 _SMALLEST_COST: Final = 1e-6
 """Costs are predicted no shorter than this."""
 
@@ -43,6 +48,9 @@ _REFIT_EVERY: Final = 16
 _LOCAL_RATE: Final = 0.3
 """How far one measurement moves its quarter octave's measured point."""
 
+_REMEMBER_EVERY_FEATURE_UNTIL: Final = 32
+"""Samples for which every feature's measured points are kept; after them, the best one's."""
+
 _LOCAL_AT_MOST: Final = 1024
 """Measured points kept per model; more means a changed program: start again."""
 
@@ -54,7 +62,7 @@ def launch_features(arguments: Any) -> tuple[float, ...]:
     """The features of a launch ``(grid, block, scalar values)``: threads, then each scalar."""
     grid, block, values = arguments
     threads = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2]
-    return (float(threads), *[abs(float(value)) for value in values])
+    return (float(threads), *map(abs, map(float, values)))
 
 
 def byte_features(arguments: Any) -> tuple[float, ...]:
@@ -84,6 +92,7 @@ class CostModel:
         "_local",
         "_local_error",
         "_prefer_local",
+        "_scale",
         "_sums",
         "checked",
         "features",
@@ -102,6 +111,9 @@ class CostModel:
         self.relative_error = 0.25
         """A smoothed mean of ``|prediction - actual| / actual``, taken before each sample."""
         self._sums: list[list[float]] = []
+        """Per feature, the weighted sums of 1, x, x², t, t² and x·t (see :meth:`learn`)."""
+        self._scale = 1.0
+        """The latest sample's weight factor; it grows by ``1 / _FORGET`` a sample."""
         self._best: tuple[float, float, int] | None = None  # intercept, slope, feature index
         self._local: dict[tuple[int, int], tuple[float, float]] = {}
         """``(feature index, quarter octave of x)`` -> a smoothed measured ``(x, seconds)``."""
@@ -168,6 +180,8 @@ class CostModel:
         """Fold in that work with ``arguments`` took ``seconds``.
 
         A measurement whose features or duration are not finite is ignored.
+        One the model predicted within 1.5% only updates its error, but for a
+        full update now and then (the fit, the scores, the measured points).
         """
         features = self.features(arguments)
         if not math.isfinite(seconds) or not all(map(math.isfinite, features)):
@@ -177,26 +191,35 @@ class CostModel:
             # The prediction as it stood (what predict() gives), then both ways scored.
             line, local = self._predictions(best, features)
             predicted = local if self._prefer_local and local is not None else line
-            self._judge(line, local, seconds)
-        self._remember(features, seconds)
-        if best is not None:
             error = abs(predicted - seconds) / max(seconds, _SMALLEST_COST)
             self.relative_error += (min(error, 4.0) - self.relative_error) / 4
             self.checked += 1
             if error < _ACCURATE and self.samples >= 8 and self.checked % _REFIT_EVERY:
-                return  # nothing new to learn; the fit costs more than the check
+                return  # nothing new to learn; the update costs more than the check
+            self._judge(line, local, seconds)
+        self._remember(features, seconds, None if best is None else best[2])
         if len(self._sums) != len(features):  # the first sample (or the arity changed)
             self._sums = [[0.0] * 6 for _ in features]
-        weight = 1.0 / max(seconds, 10e-6) ** 2
+            self._scale = 1.0
+        # Forgetting without touching the sums: each sample weighs 1/_FORGET more than the
+        # one before (the fit reads ratios of sums, which a common factor leaves alone).
+        scale = self._scale = self._scale / _FORGET
+        if scale > _RESCALE_AT:
+            for sums in self._sums:
+                for slot in range(6):
+                    sums[slot] /= scale
+            scale = self._scale = 1.0
+        weight = scale / max(seconds, 10e-6) ** 2
+        timed = weight * seconds
+        squared = timed * seconds
         for sums, x in zip(self._sums, features, strict=True):
-            for slot in range(6):
-                sums[slot] *= _FORGET
+            weighted = weight * x
             sums[0] += weight
-            sums[1] += weight * x
-            sums[2] += weight * x * x
-            sums[3] += weight * seconds
-            sums[4] += weight * seconds * seconds
-            sums[5] += weight * x * seconds
+            sums[1] += weighted
+            sums[2] += weighted * x
+            sums[3] += timed
+            sums[4] += squared
+            sums[5] += weighted * seconds
         self.samples += 1
         self._best = self._fit()
 
@@ -209,12 +232,22 @@ class CostModel:
             self._local_error += (error - self._local_error) / 8
         self._prefer_local = self._local_error < 0.8 * self._line_error
 
-    def _remember(self, features: tuple[float, ...], seconds: float) -> None:
-        """Move the measured point of each feature's quarter octave toward this measurement."""
+    def _remember(self, features: tuple[float, ...], seconds: float, best: int | None) -> None:
+        """Move the measured point of a feature's quarter octave toward this measurement.
+
+        Every feature's while the model is young (which feature predicts best
+        is still open); after that only the predicting feature's (``best``),
+        the only one whose points are read.
+        """
         local = self._local
         if len(local) >= _LOCAL_AT_MOST:
             local.clear()
-        for index, x in enumerate(features):
+        if best is None or self.samples < _REMEMBER_EVERY_FEATURE_UNTIL or best >= len(features):
+            indexes: Sequence[int] = range(len(features))
+        else:
+            indexes = (best,)
+        for index in indexes:
+            x = features[index]
             if not 0 < x < math.inf:
                 continue
             key = (index, math.floor(4 * math.log2(x)))
@@ -255,16 +288,12 @@ class CostModel:
 
 def _burst_features(burst: Sequence[Item]) -> tuple[float, ...]:
     """A burst's features: per kernel of the burst (in order), the sums of its items' features."""
-    sums: dict[int, list[float]] = {}
+    sums: dict[CostModel, tuple[float, ...]] = {}
     for model, arguments, _ in burst:
         features = model.features(arguments)
-        total = sums.get(id(model))
-        if total is None:
-            sums[id(model)] = list(features)
-        else:
-            for index, value in enumerate(features):
-                total[index] += value
-    return tuple(value for total in sums.values() for value in total)
+        total = sums.get(model)
+        sums[model] = features if total is None else tuple(map(operator.add, total, features))
+    return tuple(itertools.chain.from_iterable(sums.values()))
 
 
 class Forecast:
