@@ -11,6 +11,7 @@ import pytest
 from accy_async.backends import forecast as forecast_module
 from accy_async.backends.forecast import (
     LAUNCH_LATENCY,
+    MEASUREMENT_BLUR,
     CostModel,
     Forecast,
     Ledger,
@@ -387,6 +388,40 @@ def test_a_settled_model_keeps_measured_points_of_its_predicting_feature_only() 
             assert moved and {feature for feature, _ in moved} == {best[2]}  # the predicting one
         else:
             assert not moved
+
+
+def test_a_bracketed_completion_counts_the_prediction_off_by_its_distance_to_the_bracket() -> None:
+    """Seen only within [0.2, 0.8] ms, a 1 ms prediction is 0.2 ms off, not 0.5 (the middle)."""
+    model = CostModel("k", launch_features)
+    for _ in range(20):
+        model.learn(launch(1), 1e-3)
+    assert model.relative_error < 0.01
+    before = model.relative_error
+    model.learn(launch(1), 0.5e-3, (0.2e-3, 0.8e-3))
+    off = 0.2e-3 / (0.8e-3 + MEASUREMENT_BLUR)
+    assert model.relative_error == pytest.approx(before + (off - before) / 4)
+
+
+def test_short_kernels_blurred_by_polls_leave_a_long_kernels_forecast_sure() -> None:
+    """Lengths 50 us-5 ms, each seen up to 25 us off: a long kernel's spread stays a few percent.
+
+    A wait sleeps on a forecast only when its spread is under a quarter of the time to go.
+    """
+    forecast = Forecast()
+    model = forecast.model("spin", "spin")
+    rng = random.Random(4)
+    widest = 0.0
+    for index in range(400):
+        length = math.exp(rng.uniform(math.log(50e-6), math.log(5e-3)))
+        arguments = ((1, 1, 1), (1, 1, 1), (int(length * 1e9),))
+        if index > 50 and length > 2e-3:
+            predicted = forecast.predict([(model, arguments, 0.0)])
+            assert predicted is not None
+            widest = max(widest, predicted[1] / predicted[0])
+        model.learn(arguments, length + rng.uniform(-25e-6, 25e-6))
+    assert 0 < widest < 0.16  # 0.23 when errors were taken over the bare duration
+    short = forecast.predict([(model, ((1, 1, 1), (1, 1, 1), (50_000,)), 0.0)])
+    assert short is not None and short[1] >= model.relative_error * MEASUREMENT_BLUR
 
 
 def test_a_cost_that_is_not_a_line_is_learned_per_size() -> None:

@@ -20,12 +20,21 @@ from typing import Any, Final
 
 __all__ = [
     "LAUNCH_LATENCY",
+    "MEASUREMENT_BLUR",
     "CostModel",
     "Forecast",
     "Item",
     "byte_features",
     "launch_features",
 ]
+
+MEASUREMENT_BLUR: Final = 30e-6
+"""How narrowly a completion seen by polls counts as measuring a duration.
+
+Errors are taken relative to the duration plus this, and spreads predicted
+as that fraction of the cost plus this: a 50 µs kernel seen 15 µs off is
+blurred by the polls, not 30% unpredictable, and must not make a 4 ms
+kernel's forecast of the same model look a millisecond unsure."""
 
 LAUNCH_LATENCY: Final = 3e-6
 """From a launch's return to the kernel starting on an idle device (2.4-2.8 µs on an H200)."""
@@ -109,7 +118,8 @@ class CostModel:
         self.checked = 0
         """Predictions checked against a measurement."""
         self.relative_error = 0.25
-        """A smoothed mean of ``|prediction - actual| / actual``, taken before each sample."""
+        """A smoothed mean of ``|prediction - actual| / (actual + MEASUREMENT_BLUR)``, taken
+        before each sample (for a bracketed one, the prediction's distance to the bracket)."""
         self._sums: list[list[float]] = []
         """Per feature, the weighted sums of 1, x, x², t, t² and x·t (see :meth:`learn`)."""
         self._scale = 1.0
@@ -176,12 +186,21 @@ class CostModel:
                 return here, toward
         return None if here is None else (here, None)
 
-    def learn(self, arguments: Any, seconds: float) -> None:
+    def spread(self, cost: float) -> float:
+        """How far off a prediction of ``cost`` seconds typically is, in seconds."""
+        return self.relative_error * (cost + MEASUREMENT_BLUR)
+
+    def learn(
+        self, arguments: Any, seconds: float, bracket: tuple[float, float] | None = None
+    ) -> None:
         """Fold in that work with ``arguments`` took ``seconds``.
 
-        A measurement whose features or duration are not finite is ignored.
-        One the model predicted within 1.5% only updates its error, but for a
-        full update now and then (the fit, the scores, the measured points).
+        With ``bracket``, the duration was only seen to lie within it (and
+        ``seconds`` is the value to fit): the prediction's error is its
+        distance to the bracket. A measurement whose features or duration are
+        not finite is ignored. One the model predicted within 1.5% only
+        updates its error, but for a full update now and then (the fit, the
+        scores, the measured points).
         """
         features = self.features(arguments)
         if not math.isfinite(seconds) or not all(map(math.isfinite, features)):
@@ -191,7 +210,15 @@ class CostModel:
             # The prediction as it stood (what predict() gives), then both ways scored.
             line, local = self._predictions(best, features)
             predicted = local if self._prefer_local and local is not None else line
-            error = abs(predicted - seconds) / max(seconds, _SMALLEST_COST)
+            if bracket is None:
+                off, actual = abs(predicted - seconds), seconds
+            else:
+                low, high = bracket
+                off, actual = (
+                    max(low - predicted, predicted - high, 0.0),
+                    min(max(predicted, low), high),
+                )
+            error = off / (max(actual, _SMALLEST_COST) + MEASUREMENT_BLUR)
             self.relative_error += (min(error, 4.0) - self.relative_error) / 4
             self.checked += 1
             if error < _ACCURATE and self.samples >= 8 and self.checked % _REFIT_EVERY:
@@ -337,7 +364,7 @@ class Forecast:
         if model is None:
             return None
         cost = model.predict(arguments)
-        return None if cost is None else (cost, model.relative_error * cost)
+        return None if cost is None else (cost, model.spread(cost))
 
     def finish(self, burst: Sequence[Item], end: float) -> tuple[float, float] | None:
         """When a burst ends if the work before it ends at ``end``, and the spread of that.
@@ -354,7 +381,7 @@ class Forecast:
             if cost is None:
                 return None
             end = max(end, enqueued_at + LAUNCH_LATENCY) + cost
-            spread += max(model.relative_error, 0.25) * cost
+            spread += max(model.relative_error, 0.25) * (cost + MEASUREMENT_BLUR)
         return end, spread
 
     def confirm(self, burst: Sequence[Item]) -> None:
@@ -363,12 +390,14 @@ class Forecast:
         if model is not None:
             model.confirm()
 
-    def learn(self, burst: Sequence[Item], seconds: float) -> None:
-        """A burst took ``seconds`` (measured)."""
+    def learn(
+        self, burst: Sequence[Item], seconds: float, bracket: tuple[float, float] | None = None
+    ) -> None:
+        """A burst took ``seconds`` (measured), or about that within ``bracket``."""
         model, arguments = self._model_of(burst)
         if model is None:
             model = self._new_burst_model(burst)
-        model.learn(arguments, seconds)
+        model.learn(arguments, seconds, bracket)
 
     def models(self) -> list[CostModel]:
         """Every model, for diagnostics."""

@@ -23,9 +23,11 @@ Models learn from completions seen *narrowly* (a poll found the mark
 pending, the next one done): a burst that started on an idle device and
 ended at the mark took the measured time. A completion seen late (by a
 callback, or by a poll long after the last) only brackets that time, and
-moves a model only when its prediction lies outside the bracket; inside it,
-the model grows surer of itself only if the bracket is no wider than its
-spread. A model
+moves a model only when its prediction lies outside the bracket (its error
+is its distance to the bracket); inside it, the model grows surer of itself
+only if the bracket is no wider than its spread. Errors are relative to the
+duration plus the polls' blur (``MEASUREMENT_BLUR``), so short kernels seen a
+few microseconds off do not make a long kernel of the same model unsure. A model
 predicts ``a + b * x`` for whichever of its features ``x`` (threads
 launched, each scalar, bytes) has fitted its history best, each sample
 weighted by the inverse square of its length so relative errors count
@@ -49,10 +51,19 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
-from ._cost_models import LAUNCH_LATENCY, CostModel, Forecast, Item, byte_features, launch_features
+from ._cost_models import (
+    LAUNCH_LATENCY,
+    MEASUREMENT_BLUR,
+    CostModel,
+    Forecast,
+    Item,
+    byte_features,
+    launch_features,
+)
 
 __all__ = [
     "LAUNCH_LATENCY",
+    "MEASUREMENT_BLUR",
     "Anticipation",
     "CostModel",
     "Forecast",
@@ -64,7 +75,7 @@ __all__ = [
 _BURST_GAP: Final = 50e-6
 """Items enqueued within this of the one before belong to its burst."""
 
-_MEASURED_WITHIN: Final = 30e-6
+_MEASURED_WITHIN: Final = MEASUREMENT_BLUR
 """A completion bracketed this narrowly (or within 4% of the burst) counts as a measurement."""
 
 _LEDGER_TRIM_AT: Final = 512
@@ -275,7 +286,7 @@ class Ledger:
         finished = forecast.finish(burst, 0.0)
         target = (lower + upper) / 2 if lower > 0 else upper
         if finished is None or not lower <= finished[0] - burst[0][2] - LAUNCH_LATENCY <= upper:
-            forecast.learn(burst, target)
+            forecast.learn(burst, target, (max(lower, 0.0), upper))
         elif upper - max(lower, 0.0) <= max(2 * finished[1], _MEASURED_WITHIN):
             forecast.confirm(burst)
 
