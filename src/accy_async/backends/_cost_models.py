@@ -29,7 +29,8 @@ __all__ = [
 ]
 
 MEASUREMENT_BLUR: Final = 30e-6
-"""How narrowly a completion seen by polls counts as measuring a duration.
+"""How narrowly a completion seen by polls counts as measuring a duration (a bracket this
+narrow, or within 4% of the burst, is a measurement).
 
 Errors are taken relative to the duration plus this, and spreads predicted
 as that fraction of the cost plus this: a 50 µs kernel seen 15 µs off is
@@ -186,9 +187,13 @@ class CostModel:
                 return here, toward
         return None if here is None else (here, None)
 
-    def spread(self, cost: float) -> float:
-        """How far off a prediction of ``cost`` seconds typically is, in seconds."""
-        return self.relative_error * (cost + MEASUREMENT_BLUR)
+    def spread(self, cost: float, least_error: float = 0.0) -> float:
+        """How far off a prediction of ``cost`` seconds typically is, in seconds.
+
+        ``least_error``: the relative error to assume at least (for a model
+        standing in for a sequence it never measured).
+        """
+        return max(self.relative_error, least_error) * (cost + MEASUREMENT_BLUR)
 
     def learn(
         self, arguments: Any, seconds: float, bracket: tuple[float, float] | None = None
@@ -381,7 +386,7 @@ class Forecast:
             if cost is None:
                 return None
             end = max(end, enqueued_at + LAUNCH_LATENCY) + cost
-            spread += max(model.relative_error, 0.25) * (cost + MEASUREMENT_BLUR)
+            spread += model.spread(cost, 0.25)
         return end, spread
 
     def confirm(self, burst: Sequence[Item]) -> None:

@@ -26,8 +26,8 @@ callback, or by a poll long after the last) only brackets that time, and
 moves a model only when its prediction lies outside the bracket (its error
 is its distance to the bracket); inside it, the model grows surer of itself
 only if the bracket is no wider than its spread. Errors are relative to the
-duration plus the polls' blur (``MEASUREMENT_BLUR``), so short kernels seen a
-few microseconds off do not make a long kernel of the same model unsure. A model
+duration plus the polls' blur (``MEASUREMENT_BLUR``), so short kernels seen
+tens of microseconds off do not make a long kernel of the same model unsure. A model
 predicts ``a + b * x`` for whichever of its features ``x`` (threads
 launched, each scalar, bytes) has fitted its history best, each sample
 weighted by the inverse square of its length so relative errors count
@@ -74,9 +74,6 @@ __all__ = [
 
 _BURST_GAP: Final = 50e-6
 """Items enqueued within this of the one before belong to its burst."""
-
-_MEASURED_WITHIN: Final = MEASUREMENT_BLUR
-"""A completion bracketed this narrowly (or within 4% of the burst) counts as a measurement."""
 
 _LEDGER_TRIM_AT: Final = 512
 """A ledger this long drops the items predicted to have ended long ago."""
@@ -258,7 +255,7 @@ class Ledger:
             begin = self._begin_of(bursts)
             if begin is not None:
                 narrow = pending_at is not None and seen_at - pending_at <= max(
-                    _MEASURED_WITHIN, 0.04 * (seen_at - begin)
+                    MEASUREMENT_BLUR, 0.04 * (seen_at - begin)
                 )
                 lower = 0.0 if pending_at is None else pending_at - begin
                 self._learn(last, lower, seen_at - begin, narrow)
@@ -285,9 +282,10 @@ class Ledger:
         # due time, must not make a model that runs long surer of itself).
         finished = forecast.finish(burst, 0.0)
         target = (lower + upper) / 2 if lower > 0 else upper
+        low = max(lower, 0.0)
         if finished is None or not lower <= finished[0] - burst[0][2] - LAUNCH_LATENCY <= upper:
-            forecast.learn(burst, target, (max(lower, 0.0), upper))
-        elif upper - max(lower, 0.0) <= max(2 * finished[1], _MEASURED_WITHIN):
+            forecast.learn(burst, target, (low, upper))
+        elif upper - low <= max(2 * finished[1], MEASUREMENT_BLUR):
             forecast.confirm(burst)
 
     def _fold_sightings(self) -> None:
