@@ -9,6 +9,8 @@ for real on the H200 in ``test_call_cuda.py``.
 from __future__ import annotations
 
 import gc
+import math
+import random
 import weakref
 from typing import Any
 
@@ -16,6 +18,8 @@ import numpy as np
 import pytest
 
 import accy_async as accy
+from accy_async import plan as p
+from accy_async._call_replay import Replay
 from accy_async.testing import assert_checkpoint
 
 A, B, C = 0x7A00, 0x7B00, 0x7C00
@@ -161,4 +165,60 @@ async def test_a_call_on_device_arrays_is_a_checkpoint() -> None:
         await assert_checkpoint(lambda: saxpy(x, y, a=1.0, out=out))
         await assert_checkpoint(lambda: saxpy(x, y, a=1.0, out=out, stream=Stream(C)))
         await assert_checkpoint(lambda: accy.wait_stream(backend, Stream(C)))
+    await backend.aclose()
+
+
+async def test_calls_like_earlier_ones_launch_what_each_asks_for() -> None:
+    """A call whose arrays, scalars and stream were seen twice on its lane is replayed.
+
+    Every variation (an address, a length, a scalar's value or the sign of its zero, the
+    arrays' stream, a given stream) must still launch as asked, in any order.
+    """
+    backend = accy.RecordingBackend()
+    places = [(0x1000, 0x2000, 0x3000), (0x1000, 0x2000, 0x4000), (0x2000, 0x1000, 0x3000)]
+    asks = [
+        (n, a, place, theirs, given)
+        for n in (64, 65)
+        for a in (-0.0, 0.0)
+        for place in places
+        for theirs in (A, B)
+        for given in (None, C)
+    ]
+    order = asks * 3
+    random.Random(5).shuffle(order)
+    async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
+        for n, a, (x_at, y_at, out_at), theirs, given in order:
+            x, y = DeviceArray(n, theirs, x_at), DeviceArray(n, theirs, y_at)
+            out = DeviceArray(n, theirs, out_at)
+            stream = None if given is None else Stream(given)
+            assert await saxpy(x, y, a=a, out=out, stream=stream) is out
+            launch = backend.launches[-1]
+            assert launch.buffer_addresses == (out_at, x_at, y_at)
+            assert launch.scalars == (p.U32(n), p.F32(a))
+            assert math.copysign(1.0, launch.scalars[1].value) == math.copysign(1.0, a)
+            assert launch.stream_id == backend.adopt_stream(given or theirs).id
+        (lane,) = saxpy._free
+        assert sum(isinstance(each, Replay) for each in lane.replays.values()) == len(asks)
+    await backend.aclose()
+
+
+async def test_a_replayed_call_is_checked_where_it_differs() -> None:
+    """Another dtype, too few elements or a forgotten stream: not the replay, the checks."""
+    backend = accy.RecordingBackend()
+    async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
+        x, y, out = DeviceArray(64, A), DeviceArray(64, A, 0x2000), DeviceArray(64, A, 0x3000)
+        for _ in range(3):
+            await saxpy(x, y, a=1.0, out=out)
+        await assert_checkpoint(lambda: saxpy(x, y, a=1.0, out=out))  # a replay
+        launches = backend.launch_count
+        wide = DeviceArray(64, A, 0x3000)
+        wide.__cuda_array_interface__["typestr"] = "<f8"
+        with pytest.raises(accy.LaunchArgumentMismatch, match="float64"):
+            await saxpy(x, y, a=1.0, out=wide)
+        with pytest.raises(accy.LaunchArgumentMismatch, match="has 63 elements"):
+            await saxpy(x, y, a=1.0, out=DeviceArray(63, A, 0x3000))
+        assert backend.launch_count == launches
+        backend.destroy(backend.adopt_stream(A))  # forgotten: the next call adopts it anew
+        await saxpy(x, y, a=1.0, out=out)
+        assert backend.launches[-1].stream_id == backend.adopt_stream(A).id
     await backend.aclose()

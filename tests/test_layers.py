@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "call",
         "_call_intake",
         "_call_lane",
+        "_call_replay",
         "graph_call",
         "_graph_lane",
         "_graph_spread",

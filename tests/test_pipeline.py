@@ -349,3 +349,102 @@ async def test_closed_scratch_is_refused_even_when_the_pipeline_needs_none() -> 
     assert backend.launch_count == 0
     await pool.aclose()
     backend.destroy_all([x, y])
+
+
+async def test_new_requests_like_earlier_ones_give_what_each_asks_for(
+    cpu_backend: accy.CpuBackend,
+) -> None:
+    """Requests made anew each call, many alike: each computes on its own buffers and ranges.
+
+    A request like one launched twice before relaunches that one's packed launches
+    (``PipelineArtifactPool.likes``); any difference (a buffer, a byte range, the
+    scalars, the stream) must launch as given.
+    """
+    backend = cpu_backend
+    document = library.prefix_sum(p.DType.I32, 64)
+    n = 3000
+    rng = np.random.default_rng(7)
+    values = [rng.integers(-50, 50, 2 * n, dtype=np.int32) for _ in range(2)]
+    sources = [accy.upload(backend, each) for each in values]
+    results = [backend.allocate_buffer(4 * 2 * n) for _ in range(2)]
+    streams = [backend.create_stream() for _ in range(2)]
+    async with (
+        await load_pipeline_artifacts(
+            backend, document.pipeline, document.registry, p.ArtifactFormat.CPU
+        ) as pool,
+        await allocate_pipeline_intermediates(backend, document.pipeline, (p.U32(n),)) as scratch,
+    ):
+        # (source, its first element, count, result, stream): each is asked for several times.
+        asks = [
+            (s, first, count, r, t)
+            for s in (0, 1)
+            for first in (0, n)
+            for count in (n, n - 7)
+            for r in (0, 1)
+            for t in (0, 1)
+        ]
+        order = [*asks, *asks, *rng.permutation(len(asks)).tolist()]
+        for step in order:
+            source, first, count, result, stream = asks[step] if isinstance(step, int) else step
+            operand = sources[source].bind("read_only", offset=4 * first, byte_size=4 * n)
+            request = PipelineLaunch(
+                pipeline=document.pipeline,
+                registry=document.registry,
+                operands=(operand,),
+                results=(results[result].bind(offset=4 * first, byte_size=4 * n),),
+                runtime_scalar_arguments=(p.U32(count),),
+                intermediates=scratch,
+                artifacts=pool,
+                stream=streams[stream],
+            )
+            await launch_pipeline(backend, request)
+            got = await accy.download(
+                backend, results[result], np.int32, 2 * n, stream=streams[stream]
+            )
+            expected = np.cumsum(values[source][first : first + count], dtype=np.int32)
+            np.testing.assert_array_equal(got[first : first + count], expected)
+        assert any(like.memo is not None for like in pool.likes.values())
+    backend.destroy_all([*sources, *results, *streams])
+
+
+async def test_a_new_request_like_a_packed_one_is_still_checked(
+    recording: accy.RecordingBackend,
+) -> None:
+    """Plain scalars, destroyed buffers and closed scratch are refused as for any request."""
+    document = library.load_builtin("prefix_sum_f32")
+    x, y = recording.allocate_buffer(4 * 5), recording.allocate_buffer(4 * 5)
+    pool = await load_pipeline_artifacts(recording, document.pipeline, document.registry)
+    scratch = await allocate_pipeline_intermediates(recording, document.pipeline, (p.U32(5),))
+
+    def request(n: object, result: accy.BufferHandle = y) -> PipelineLaunch:
+        return PipelineLaunch(
+            pipeline=document.pipeline,
+            registry=document.registry,
+            operands=(x.bind("read_only"),),
+            results=(result.bind(),),
+            runtime_scalar_arguments=(n,),  # type: ignore[arg-type]
+            intermediates=scratch,
+            artifacts=pool,
+        )
+
+    for _ in range(3):  # remembered, packed, relaunched
+        await launch_pipeline(recording, request(p.U32(5)))
+    stages = len(document.pipeline.stages)
+    assert recording.launch_count == 3 * stages
+    assert [like.memo is not None for like in pool.likes.values()] == [True]
+    for wrong in (5.0, True):
+        with pytest.raises(accy.LaunchArgumentMismatch, match="runtime scalar argument 0"):
+            await launch_pipeline(recording, request(wrong))
+    other = recording.allocate_buffer(4 * 5)
+    for _ in range(3):
+        await launch_pipeline(recording, request(p.U32(5), other))
+    assert recording.launches[-1].buffer_ids != recording.launches[0].buffer_ids
+    recording.destroy(other)
+    with pytest.raises(accy.InvalidBuffer, match=r"\$\.buffers\[1\]"):
+        await launch_pipeline(recording, request(p.U32(5), other))
+    await scratch.aclose()
+    with pytest.raises(accy.LaunchArgumentMismatch, match="intermediates are closed"):
+        await launch_pipeline(recording, request(p.U32(5)))
+    assert recording.launch_count == 6 * stages
+    await pool.aclose()
+    recording.destroy_all([x, y])

@@ -26,7 +26,7 @@ from .pipeline import PipelineArtifactPool, Resolution, resolve_launch
 from .plan import DType, Forward, PipelineBuffer, PipelineDocument, ScalarArgument, resolve_quantity
 from .plan._base import Tagged
 
-__all__ = ["Array", "Intake", "refuse_device_arrays"]
+__all__ = ["Array", "Intake", "refuse_device_arrays", "scalar_key"]
 
 Array = np.ndarray[Any, Any] | DeviceArray
 """An operand or result as checked: a NumPy array, or another library's device array."""
@@ -157,7 +157,7 @@ class Intake:
         typed scalars only). The key holds each value's type, so ``5`` and ``5.0``
         (equal, one hash) are checked apart, and a float's sign, so ``-0.0`` stays ``-0.0``.
         """
-        key = tuple([_key_of(value) for value in values])
+        key = tuple([scalar_key(value) for value in values])
         cached = self._resolutions.get(key)
         if cached is not None:
             return cached
@@ -227,7 +227,7 @@ class Intake:
         return checked
 
 
-def _key_of(value: ScalarArgument | int | float) -> tuple[Any, ...]:
+def scalar_key(value: ScalarArgument | int | float) -> tuple[Any, ...]:
     """A scalar as a cache key: its type, its value, and for a float the sign of its zero."""
     number = value.value if isinstance(value, Tagged) else value
     if number.__class__ is float:

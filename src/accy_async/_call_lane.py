@@ -12,6 +12,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ._call_replay import Replay
 from .backends import (
     Access,
     Backend,
@@ -64,6 +65,9 @@ class Lane:
     owners: list[Any] = field(default_factory=list)
     where: StreamHandle | None = None
     external: dict[tuple[int, int, Access], BufferBinding] = field(default_factory=dict)
+    replays: dict[tuple[object, ...], Replay | None] = field(default_factory=dict)
+    """Calls launched on this lane, by :func:`~accy_async._call_replay.replay_key`: ``None``
+    once seen, a :class:`Replay` once seen twice (packing costs more than a launch)."""
 
     def objects(self, backend: Backend) -> list[Any]:
         """What the lane owns but its stream, the held arrays as one object to release."""
@@ -130,6 +134,7 @@ class Lane:
             or any(b.byte_size < size for b, size in zip(scratch, needed, strict=True))
         ):
             self.scratch = None
+            self.replays.clear()  # their stages were packed with the old scratch
             if scratch is not None:
                 self.settle(backend)  # the scratch may be in use on a caller's stream
                 await scratch.aclose()

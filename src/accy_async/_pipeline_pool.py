@@ -41,10 +41,13 @@ from .plan import (
 from .waiting import release_when_idle
 
 if TYPE_CHECKING:  # the launch sits above its pool; the pool only remembers launches
+    from ._pipeline_program import Resolution
     from .pipeline import PipelineLaunch
 
 __all__ = [
+    "MEMO_CAPACITY",
     "SIGHTINGS",
+    "LaunchLike",
     "LaunchMemo",
     "PipelineArtifactPool",
     "PipelineIntermediates",
@@ -57,6 +60,9 @@ __all__ = [
 
 SIGHTINGS: Final = 64
 """Geometries a pool remembers having launched (to tell a recurring one)."""
+
+MEMO_CAPACITY: Final = 64
+"""Requests a pool remembers by identity, and by likeness (the newest of each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,9 @@ class PipelineArtifactPool:
         """Requests launched more than once, checked and packed for their relaunches."""
         self.seen: OrderedDict[int, PipelineLaunch] = OrderedDict()
         """Requests launched once (by id): a second launch packs them into a memo."""
+        self.likes: OrderedDict[tuple[object, ...], LaunchLike] = OrderedDict()
+        """Requests by what they launch (see ``pipeline._likeness``): a new request like
+        one seen before is packed, and one like a packed request relaunches its memo."""
         self.graphs = GraphCache(backend)
         """The stages as one instantiated graph, per geometry."""
         self._sightings: OrderedDict[tuple[LaunchConfig, ...], None] = OrderedDict()
@@ -125,6 +134,13 @@ class PipelineArtifactPool:
             wanted=wanted,
             what=f"the {self.target} pipeline",
         )
+
+    def remember_like(self, likeness: tuple[object, ...], like: LaunchLike) -> None:
+        """Keep ``like`` as what requests of ``likeness`` launch (the newest few)."""
+        likes = self.likes
+        likes[likeness] = like
+        if len(likes) > MEMO_CAPACITY:
+            likes.popitem(last=False)
 
     def takes_graph(self, configs: tuple[LaunchConfig, ...], stream: StreamHandle) -> bool:
         """Whether a new request at ``configs`` on ``stream`` goes as one graph by default.
@@ -246,6 +262,21 @@ class PipelineIntermediates(Sequence[BufferBinding]):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchLike:
+    """A request launched before, and what requests like it resolve to and relaunch.
+
+    ``request`` is kept so that the identities in its likeness (its buffers',
+    scratch's, stream's and shapes') name the same objects while it is
+    remembered; ``resolved`` for the same reason. ``memo`` is ``None`` until a
+    second request like it is packed.
+    """
+
+    request: PipelineLaunch
+    resolved: Resolution
+    memo: LaunchMemo | None
 
 
 @dataclass(slots=True)

@@ -43,6 +43,8 @@ import msgspec
 from . import _loops
 from ._loops import admit
 from ._pipeline_pool import (
+    MEMO_CAPACITY,
+    LaunchLike,
     LaunchMemo,
     PipelineArtifactPool,
     PipelineIntermediates,
@@ -96,10 +98,10 @@ __all__ = [
     "intermediate_byte_size",
     "launch_pipeline",
     "load_pipeline_artifacts",
+    "pack_stages",
     "resolve_launch",
 ]
 
-_MEMO_CAPACITY: Final = 64
 _logger: Final = logging.getLogger("accy_async")
 
 
@@ -237,6 +239,24 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             path="$.results",
         )
     resolved = resolve_program(program, request.runtime_scalar_arguments)
+    likeness = None
+    alike = False  # like a request launched before: packed, but the graph rules of a new one
+    if (
+        not seen_before
+        and pool is not None
+        and provided is not None
+        and program is pool.program
+        and backend is pool.backend
+    ):
+        # A new request like one launched before (the same buffers, scalars, scratch and
+        # stream; most services make a request per call): relaunched as that one is.
+        likeness = _likeness(request, resolved)
+        if likeness is not None:
+            like = pool.likes.get(likeness)
+            if like is not None:
+                if like.memo is not None and _relaunch(backend, pool, like.memo):
+                    return
+                alike = True
     given = request.stream
     stream = (
         given if given is None or isinstance(given, StreamHandle) else backend.adopt_stream(given)
@@ -262,7 +282,11 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         _check_intermediates(backend, provided, resolved.intermediate_sizes, request)
     if pool is not None and provided is not None:
         # The caller owns everything: enqueue the stages and return without waiting.
-        _enqueue_with_pool(backend, request, pool, resolved, stream, seen_before, as_graph)
+        memo = _enqueue_with_pool(
+            backend, request, pool, resolved, stream, seen_before or alike, as_graph
+        )
+        if likeness is not None:
+            pool.remember_like(likeness, LaunchLike(request, resolved, memo))
         return
     owned: list[BufferHandle | LoadedArtifact] = []
     loading = False
@@ -313,12 +337,13 @@ def _enqueue_with_pool(
     stream: StreamHandle | None,
     seen_before: bool,
     as_graph: bool,
-) -> None:
+) -> LaunchMemo | None:
     """Enqueue a checked request that brings its pool and scratch, and remember it.
 
     A request seen for the first time is only remembered (packing costs more
     than a launch, and most requests come once); launched again, its stages'
-    arguments are packed into a :class:`LaunchMemo` for its relaunches.
+    arguments are packed into a :class:`LaunchMemo` for its relaunches, which
+    is returned.
     """
     operands, results, provided = request.operands, request.results, request.intermediates
     assert provided is not None
@@ -333,9 +358,9 @@ def _enqueue_with_pool(
         _launch_stages(pool.launchers, arguments, resolved, stream)
     if not seen_before:
         pool.seen[id(request)] = request
-        if len(pool.seen) > _MEMO_CAPACITY:
+        if len(pool.seen) > MEMO_CAPACITY:
             pool.seen.popitem(last=False)
-        return
+        return None
     pool.seen.pop(id(request), None)
     stages = tuple(
         (launcher, launcher.prepare(buffers, scalars), config)
@@ -344,7 +369,7 @@ def _enqueue_with_pool(
         )
     )
     sequences = (operands, results, provided)
-    pool.memos[id(request)] = LaunchMemo(
+    memo = pool.memos[id(request)] = LaunchMemo(
         request,
         stream,
         sequences,
@@ -354,8 +379,9 @@ def _enqueue_with_pool(
         resolved.configs,
         all(isinstance(each, tuple | PipelineIntermediates) for each in sequences),
     )
-    if len(pool.memos) > _MEMO_CAPACITY:
+    if len(pool.memos) > MEMO_CAPACITY:
         pool.memos.popitem(last=False)
+    return memo
 
 
 def resolve_launch(
@@ -403,6 +429,28 @@ def enqueue_checked(
         pool.backend.launch_graph_exec_trusted(graph, arguments, stream)
     else:
         _launch_stages(pool.launchers, arguments, resolution, stream)
+
+
+def pack_stages(
+    pool: PipelineArtifactPool,
+    resolution: Resolution,
+    operands: Sequence[BufferBinding],
+    results: Sequence[BufferBinding],
+    intermediates: PipelineIntermediates | None,
+) -> tuple[tuple[NodeArguments, ...], tuple[tuple[StageLauncher, object, LaunchConfig], ...]]:
+    """Each stage's arguments, and each stage packed for relaunching.
+
+    The stages as :func:`enqueue_checked` would launch them, each
+    ``(launcher, launcher.prepare(buffers, scalars), geometry)``.
+    """
+    arguments = _stage_arguments(resolution, operands, results, intermediates or ())
+    stages = tuple(
+        (launcher, launcher.prepare(buffers, scalars), config)
+        for launcher, (buffers, scalars), config in zip(
+            pool.launchers, arguments, resolution.configs, strict=True
+        )
+    )
+    return arguments, stages
 
 
 def _adopted_again(
@@ -471,6 +519,41 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo) ->
     for launcher, prepared, config in memo.stages:
         launcher.launch_prepared(prepared, config, stream)
     return True
+
+
+def _likeness(request: PipelineLaunch, resolved: Resolution) -> tuple[object, ...] | None:
+    """What makes ``request`` launch as another did, or ``None`` when it cannot tell cheaply.
+
+    Two requests through one pool launch alike when they bind the same
+    buffers (by handle, range and access) and scratch, on the same stream,
+    with scalars that resolve alike (one :class:`Resolution`: a request with
+    ``5.0`` where one had ``5`` resolves on its own), the same format, graph
+    choice and shapes to check. Identities in the key stay valid while the
+    pool keeps the request they were read from (:class:`LaunchLike`).
+    Scratch built by hand (a sequence of bindings) is not compared: ``None``.
+    """
+    provided = request.intermediates
+    if isinstance(provided, PipelineIntermediates):
+        scratch = id(provided)
+    elif provided is not None and not provided:
+        scratch = 0
+    else:
+        return None
+    stream = request.stream
+    operands = request.operands
+    parts: list[object] = [
+        id(resolved),
+        request.format,
+        request.device_graph,
+        stream if stream is None or stream.__class__ is int else id(stream),
+        id(request.operand_shapes),
+        id(request.result_shapes),
+        scratch,
+        len(operands),
+    ]
+    for binding in (*operands, *request.results):
+        parts += (id(binding.handle), binding.offset, binding.byte_size, binding.access)
+    return tuple(parts)
 
 
 def _stage_arguments(

@@ -127,6 +127,8 @@ class RecordedLaunch:
     buffer_ids: tuple[int, ...]
     buffer_access: tuple[str, ...]
     scalars: tuple[ScalarArgument, ...]
+    buffer_addresses: tuple[int, ...]
+    """Where each bound range starts (callers' device memory has no buffer id of its own)."""
     stream_id: int
     wait_event_ids: tuple[int, ...]
     signal_event_id: int | None
@@ -502,6 +504,7 @@ class RecordingBackend(Backend):
                 buffer_ids=tuple(binding.handle.id for binding in buffers),
                 buffer_access=tuple(binding.access for binding in buffers),
                 scalars=tuple(scalars),
+                buffer_addresses=tuple(binding.address for binding in buffers),
                 stream_id=stream.id,
                 wait_event_ids=tuple(event.id for event in wait_events),
                 signal_event_id=None if signal_event is None else signal_event.id,

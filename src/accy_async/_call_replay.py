@@ -1,0 +1,107 @@
+"""A high-level call like an earlier one on its lane, replayed from what that one decided.
+
+A service calls the same :class:`~accy_async.call.PipelineCall` on device
+arrays again and again, often the very same memory (``out=`` buffers it
+keeps, a caching allocator handing back the same blocks) with the same
+scalars, on the same stream. Everything such a call checks and decides (the
+arrays' dtypes and sizes, what the scalars resolve to, the stream it runs on,
+each stage's packed arguments) follows from what the arrays say of
+themselves (address, shape, dtype, strides, read-only flag, stream), the
+scalars and the stream given. :func:`replay_key` reads exactly that, and a
+lane keeps a :class:`Replay` per key: a call with the key of one launched
+before relaunches its packed stages, with none of the checks in between.
+
+Only calls whose every array is another library's device array (CUDA Array
+Interface, or a PyTorch tensor) and whose results go to ``out=`` arrays are
+replayed: NumPy arrays are copied each call, and new result arrays are new
+memory each call. The key holds no array: a replay keeps nothing alive.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ._call_intake import scalar_key
+from .arrays import ArrayView
+from .backends import Backend, LaunchConfig, NodeArguments, StageLauncher, StreamHandle
+from .errors import AccyError
+from .interop import device_array
+
+__all__ = ["REPLAYS_KEPT", "Replay", "replay_key"]
+
+REPLAYS_KEPT: Final = 64
+"""Keys a lane remembers (all forgotten at once past this)."""
+
+
+@dataclass(slots=True)
+class Replay:
+    """What a call of one key launches: its stream, and its stages packed (or its graph's)."""
+
+    stream: StreamHandle
+    stages: tuple[tuple[StageLauncher, Any, LaunchConfig], ...]
+    """Each stage's launcher, packed arguments and geometry."""
+    graph: tuple[tuple[LaunchConfig, ...], tuple[NodeArguments, ...]] | None
+    """With ``device_graph=True``: the graph's geometry and arguments (the same object each
+    launch, so the graph is not patched again)."""
+    checked_at: int
+    """The backend's :attr:`~accy_async.backends.Backend.removals` when ``stream`` was last
+    seen live (nothing destroyed since: it still is)."""
+
+    def holds(self, backend: Backend) -> bool:
+        """Whether the replay's stream is still one of ``backend``'s (it may be forgotten)."""
+        removals = backend.removals
+        if removals == self.checked_at:
+            return True
+        if not backend.owns(self.stream):
+            return False
+        self.checked_at = removals
+        return True
+
+
+def replay_key(
+    operands: Sequence[Any],
+    out: Any,
+    stream: StreamHandle | None,
+    scalars: Mapping[str, Any],
+) -> tuple[object, ...] | None:
+    """What decides a call on device arrays with ``out=``; ``None`` if it is not one.
+
+    Each array's part is its CUDA Array Interface as given (every item), or a
+    PyTorch tensor's address, size, dtype and stream. An array whose
+    description cannot be read or hashed makes no key: the call goes the
+    checked way, which says what is wrong with it.
+    """
+    if out is None:
+        return None
+    results = out if isinstance(out, list | tuple) else (out,)
+    parts: list[object] = [stream, len(operands)]
+    try:
+        for name, value in scalars.items():
+            parts += (name, scalar_key(value))
+        for array in (*operands, *results):
+            part = _array_key(array)
+            if part is None:
+                return None
+            parts.append(part)
+        key = tuple(parts)
+        hash(key)
+    except (AccyError, AttributeError, TypeError, ValueError):
+        return None
+    return key
+
+
+def _array_key(array: Any) -> object:
+    """What the call reads of one array (``None``: no key for it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(array, torch.Tensor):
+        if not array.is_cuda:
+            return None
+        device = device_array(array, "", "")
+        assert device is not None
+        return (device.address, device.size, device.dtype, device.stream)
+    if isinstance(array, ArrayView):  # its stream is written by the call: checked each time
+        return None
+    return tuple(array.__cuda_array_interface__.items())
