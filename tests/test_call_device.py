@@ -222,3 +222,17 @@ async def test_a_replayed_call_is_checked_where_it_differs() -> None:
         await saxpy(x, y, a=1.0, out=out)
         assert backend.launches[-1].stream_id == backend.adopt_stream(A).id
     await backend.aclose()
+
+
+async def test_arrays_describing_themselves_as_cupy_does_are_replayed() -> None:
+    """CuPy's interface has a ``descr`` list (unhashable): the call reads it not, nor keys it."""
+    backend = accy.RecordingBackend()
+    async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
+        arrays = [DeviceArray(64, A, address) for address in (0x1000, 0x2000, 0x3000)]
+        for each in arrays:
+            each.__cuda_array_interface__["descr"] = [("", "<f4")]
+        for _ in range(3):
+            await saxpy(arrays[0], arrays[1], a=1.0, out=arrays[2])
+        (lane,) = saxpy._free
+        assert [isinstance(each, Replay) for each in lane.replays.values()] == [True]
+    await backend.aclose()

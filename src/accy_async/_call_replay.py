@@ -69,8 +69,9 @@ def replay_key(
 ) -> tuple[object, ...] | None:
     """What decides a call on device arrays with ``out=``; ``None`` if it is not one.
 
-    Each array's part is its CUDA Array Interface as given (every item), or a
-    PyTorch tensor's address, size, dtype and stream. An array whose
+    Each array's part is what the call reads of its CUDA Array Interface
+    (data, shape, typestr, strides, stream), or a PyTorch tensor's address,
+    size, dtype and stream. An array whose
     description cannot be read or hashed makes no key: the call goes the
     checked way, which says what is wrong with it.
     """
@@ -104,4 +105,6 @@ def _array_key(array: Any) -> object:
         return (device.address, device.size, device.dtype, device.stream)
     if isinstance(array, ArrayView):  # its stream is written by the call: checked each time
         return None
-    return tuple(array.__cuda_array_interface__.items())
+    interface = array.__cuda_array_interface__
+    get = interface.get  # what the call reads of it (``descr``, a list, it does not)
+    return (get("data"), get("shape"), get("typestr"), get("strides"), get("stream"))
