@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import accy_async as accy
+from accy_async._call_replay import Replay
 
 from .conftest import needs_gpu
 
@@ -230,3 +231,38 @@ async def test_streams_of_other_libraries_are_taken_where_a_stream_is(cuda: accy
     await scratch.aclose()
     cuda.destroy_all([x, y, ours])
     assert all(kind != "stream" for kind in cuda.live_objects(owned_only=True).values())
+
+
+async def test_calls_replayed_into_out_stay_ordered_after_their_producers(
+    cuda: accy.Backend,
+) -> None:
+    """The same tensors or CuPy arrays called again are replayed: still in stream order.
+
+    Each trial's producer sleeps on the stream before it fills the operand with a new
+    value; a replay that ran before it, or on another stream, reads the old value.
+    """
+    torch = _torch()
+    cupy = pytest.importorskip("cupy")
+    n = 1_000_000
+    async with accy.open_pipeline("prefix_sum_f32", backend=cuda, max_lanes=1) as scan:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            x, out = torch.empty(n, device="cuda"), torch.empty(n, device="cuda")
+            for trial in range(20):
+                value = float(trial % 3 + 1)
+                torch.cuda._sleep(2_000_000)  # the fill lands ~1 ms later, on `side`
+                x.fill_(value)
+                assert await scan(x, out=out) is out
+                assert out[-1].item() == value * n, trial
+        (lane,) = scan._free
+        assert sum(isinstance(each, Replay) for each in lane.replays.values()) == 1
+        theirs = cupy.cuda.Stream(non_blocking=True)
+        with theirs:
+            a, b = cupy.empty(n, dtype=cupy.float32), cupy.empty(n, dtype=cupy.float32)
+            for trial in range(20):
+                value = float(trial % 3 + 1)
+                cupy.cuda.runtime.memsetAsync(a.data.ptr, 0, 4 * n, theirs.ptr)
+                a.fill(value)
+                assert await scan(a, out=b) is b
+                assert float(b[-1]) == value * n, trial
+        assert sum(isinstance(each, Replay) for each in lane.replays.values()) == 2

@@ -236,3 +236,18 @@ async def test_arrays_describing_themselves_as_cupy_does_are_replayed() -> None:
         (lane,) = saxpy._free
         assert [isinstance(each, Replay) for each in lane.replays.values()] == [True]
     await backend.aclose()
+
+
+async def test_an_unhashable_description_is_called_the_checked_way() -> None:
+    """A shape given as a list (the call reads it as a tuple) cannot key a replay."""
+    backend = accy.RecordingBackend()
+    async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
+        arrays = [DeviceArray(64, A, address) for address in (0x1000, 0x2000, 0x3000)]
+        for each in arrays:
+            each.__cuda_array_interface__["shape"] = [64]
+        for _ in range(3):
+            assert await saxpy(arrays[0], arrays[1], a=1.0, out=arrays[2]) is arrays[2]
+        assert backend.launch_count == 3
+        (lane,) = saxpy._free
+        assert lane.replays == {}
+    await backend.aclose()

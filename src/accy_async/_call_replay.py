@@ -69,42 +69,34 @@ def replay_key(
 ) -> tuple[object, ...] | None:
     """What decides a call on device arrays with ``out=``; ``None`` if it is not one.
 
-    Each array's part is what the call reads of its CUDA Array Interface
-    (data, shape, typestr, strides, stream), or a PyTorch tensor's address,
-    size, dtype and stream. An array whose
-    description cannot be read or hashed makes no key: the call goes the
-    checked way, which says what is wrong with it.
+    Each array adds what the call reads of its CUDA Array Interface (data,
+    shape, typestr, strides, stream), or a PyTorch tensor its address, size,
+    dtype and stream. An array whose description cannot be read makes no
+    key: the call goes the checked way, which says what is wrong with it. The
+    key may still hold something unhashable (a list for a shape): whoever
+    looks it up treats the ``TypeError`` as no key.
     """
     if out is None:
         return None
     results = out if isinstance(out, list | tuple) else (out,)
     parts: list[object] = [stream, len(operands)]
+    torch = sys.modules.get("torch")  # a tensor's class is loaded, so torch is imported
+    tensor = None if torch is None else torch.Tensor
     try:
         for name, value in scalars.items():
             parts += (name, scalar_key(value))
         for array in (*operands, *results):
-            part = _array_key(array)
-            if part is None:
+            if tensor is not None and isinstance(array, tensor):
+                if not array.is_cuda:
+                    return None
+                device = device_array(array, "", "")
+                assert device is not None
+                parts += (device.address, device.size, device.dtype, device.stream, "tensor")
+            elif isinstance(array, ArrayView):  # the call writes its stream: checked each time
                 return None
-            parts.append(part)
-        key = tuple(parts)
-        hash(key)
+            else:
+                get = array.__cuda_array_interface__.get  # (not ``descr``: a list, unread)
+                parts += (get("data"), get("shape"), get("typestr"), get("strides"), get("stream"))
     except (AccyError, AttributeError, TypeError, ValueError):
         return None
-    return key
-
-
-def _array_key(array: Any) -> object:
-    """What the call reads of one array (``None``: no key for it)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(array, torch.Tensor):
-        if not array.is_cuda:
-            return None
-        device = device_array(array, "", "")
-        assert device is not None
-        return (device.address, device.size, device.dtype, device.stream)
-    if isinstance(array, ArrayView):  # its stream is written by the call: checked each time
-        return None
-    interface = array.__cuda_array_interface__
-    get = interface.get  # what the call reads of it (``descr``, a list, it does not)
-    return (get("data"), get("shape"), get("typestr"), get("strides"), get("stream"))
+    return tuple(parts)

@@ -278,31 +278,33 @@ class PipelineCall:
     # ----- lanes ------------------------------------------------------------------------
 
     def _replayed(self, key: tuple[object, ...], operands: Sequence[Any], out: Any) -> bool:
-        """Launch a call like one launched twice before on the free lane, if there is one.
+        """Launch a call like one launched twice before on a free lane, if there is one.
 
-        ``False`` (nothing done) when the lane has no replay of ``key`` or no
-        slot is free at once: the call goes the checked way.
+        ``False`` (nothing done) when the lane has no replay of ``key``: the
+        call goes the checked way. The lane is taken without a slot: it is back
+        among the free ones before anything awaits, so no other call sees it in use.
         """
         lane = self._free[-1]
-        replay = lane.replays.get(key)
+        try:
+            replay = lane.replays.get(key)
+        except TypeError:  # something unhashable in an array's description
+            return False
         if replay is None or not replay.holds(self.backend):
             return False
-        try:
-            self._slots.acquire_nowait()
-        except anyio.WouldBlock:
-            return False
         self._free.pop()
-        owners = [*operands, *(out if isinstance(out, list | tuple) else (out,))]
         try:
-            try:
-                self._launch_replay(lane, replay)
-            except BaseException:
-                self._retire(lane, owners)  # the arrays stay referenced until it is done
-                raise
-            lane.owners.extend(owners)
-            self._free.append(lane)
-        finally:
-            self._slots.release()
+            self._launch_replay(lane, replay)
+        except BaseException:
+            results = out if isinstance(out, list | tuple) else (out,)
+            self._retire(lane, [*operands, *results])  # referenced until the work is done
+            raise
+        owners = lane.owners
+        owners += operands
+        if isinstance(out, list | tuple):
+            owners += out
+        else:
+            owners.append(out)
+        self._free.append(lane)
         return True
 
     def _launch_replay(self, lane: Lane, replay: Replay) -> None:
@@ -335,7 +337,11 @@ class PipelineCall:
     ) -> None:
         """Note a call of ``key`` launched on ``lane``; seen before, pack it for replays."""
         replays = lane.replays
-        if key not in replays:
+        try:
+            seen = key in replays
+        except TypeError:  # something unhashable in an array's description
+            return
+        if not seen:
             if len(replays) >= REPLAYS_KEPT:
                 replays.clear()
             replays[key] = None
