@@ -121,11 +121,18 @@ class CudaRead(PendingRead):
     also when the read is discarded while the copy is still in flight.
     """
 
-    __slots__ = ("_capacity", "_device", "_done", "_host", "_mark", "_size")
+    __slots__ = ("_capacity", "_device", "_done", "_host", "_mark", "_size", "_soon")
 
     def __init__(
-        self, device: DeviceState, host: int, capacity: int, size: int, mark: CudaStreamMark
+        self,
+        device: DeviceState,
+        host: int,
+        capacity: int,
+        size: int,
+        mark: CudaStreamMark,
+        soon: bool = False,
     ) -> None:
+        self._soon = soon
         self._device = device
         self._host = host
         self._capacity = capacity
@@ -138,6 +145,9 @@ class CudaRead(PendingRead):
 
     def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
         return self._mark.notify_when_complete(callback)
+
+    def lands_soon(self) -> bool:
+        return self._soon
 
     def result(self) -> memoryview:
         data = memoryview(ctypes.string_at(self._host, self._size))
