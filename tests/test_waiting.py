@@ -14,13 +14,11 @@ import pytest
 
 import accy_async as accy
 from accy_async import waiting
-from accy_async.backends import Anticipation, PendingRead, StreamMark
-from accy_async.backends._completion import Completion
-from accy_async.testing import assert_checkpoint, live_after_drain
+from accy_async.backends import Anticipation
+from accy_async.testing import live_after_drain
 from accy_async.waiting import (
     FRUGAL_LEARNS_EVERY,
     MAX_WATCHERS,
-    QUICK_SPIN,
     CompletionLatch,
     sleep_until,
     wait_completion,
@@ -453,88 +451,3 @@ async def test_cancelling_a_wait_on_the_cpu_returns_at_once_and_defers_the_relea
     assert returned < 0.3, f"{name} gave control back after {returned:.3f} s (kernel: 0.5 s)"
     assert await live_after_drain(backend) == baseline
     backend.destroy_all([slow, buffer, stream, event, x, y])
-
-
-class _SoonMark(StreamMark):
-    """A mark complete once ``done`` is set (by the test, or after ``done_after`` queries)."""
-
-    def __init__(self, backend: accy.Backend, done_after: int | None = None) -> None:
-        self._backend = backend
-        self.done = False
-        self.done_after = done_after
-        self.queries = 0
-        self.completion = Completion()
-
-    def complete(self) -> None:
-        self.done = True
-        self.completion(None)
-
-    @property
-    def backend(self) -> accy.Backend:
-        return self._backend
-
-    def query(self) -> bool:
-        self.queries += 1
-        if self.queries > 1_000_000:  # seconds of spinning: the loop was never given back
-            raise AssertionError("the wait spun without end")
-        if self.done_after is not None and self.queries > self.done_after:
-            self.done = True
-        return self.done
-
-    def anticipate(self) -> Anticipation | None:
-        return None
-
-    def notify_when_complete(self, callback: Any) -> Any:
-        return self.completion.register(callback)
-
-    def release(self) -> None:
-        pass
-
-
-class _SoonRead(PendingRead):
-    """A small read of an idle stream, as the CUDA backend makes one (``lands_soon``)."""
-
-    def __init__(self, mark: _SoonMark, soon: bool = True) -> None:
-        self.mark = mark
-        self.soon = soon
-
-    def lands_soon(self) -> bool:
-        return self.soon
-
-    def stream_mark(self) -> StreamMark:
-        return self.mark
-
-    def notify_when_complete(self, callback: Any) -> Any:
-        return self.mark.notify_when_complete(callback)
-
-    def result(self) -> memoryview:
-        return memoryview(b"read")
-
-    def discard(self) -> None:
-        pass
-
-
-async def test_a_read_that_lands_soon_is_one_checkpoint_and_a_few_queries() -> None:
-    backend = accy.RecordingBackend()
-    mark = _SoonMark(backend, done_after=2)
-    await assert_checkpoint(lambda: accy.wait_read(_SoonRead(mark)))
-    assert mark.queries == 3  # two in the spin that missed, the one that saw it land
-    assert QUICK_SPIN < 1e-3  # a bounded spin: the loop is not held for long
-    await backend.aclose()
-
-
-async def test_a_read_that_does_not_land_soon_is_waited_for_as_any_work() -> None:
-    """The spin gives the loop back: the task that completes the copy gets to run."""
-    backend = accy.RecordingBackend()
-    for policy in ("balanced", "frugal"):
-        mark = _SoonMark(backend)
-
-        async def complete_later(mark: _SoonMark = mark) -> None:
-            await anyio.sleep(0.005)
-            mark.complete()
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(complete_later)
-            data = await accy.wait_read(_SoonRead(mark), policy=policy)
-        assert bytes(data) == b"read"
-    await backend.aclose()

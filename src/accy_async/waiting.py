@@ -72,12 +72,6 @@ Each watches from the loop around its due time, so a crowd of them (thousands
 of tasks behind one kernel) would keep the loop spinning.
 """
 
-QUICK_SPIN: Final = 25e-6
-"""How long :func:`wait_read` spins, after its checkpoint, on a read that lands soon
-(:meth:`~accy_async.backends.PendingRead.lands_soon`; not under ``frugal``) before
-waiting for it as for any work. On the H200 such a copy is seen complete about 4 µs
-after its call returns (a checkpoint takes 3-5 µs)."""
-
 FRUGAL_LEARNS_EVERY: Final = 8
 """About one ``frugal`` wait in this many (drawn at random, so no cycle of waits always
 misses it) wakes a forecast spread before the due time.
@@ -91,7 +85,6 @@ __all__ = [
     "CLEANUP_WAIT_SECONDS",
     "FRUGAL_LEARNS_EVERY",
     "MAX_WATCHERS",
-    "QUICK_SPIN",
     "CompletionLatch",
     "await_mark",
     "release_when_idle",
@@ -173,31 +166,12 @@ async def wait_read(pending: PendingRead, *, policy: WaitPolicy | None = None) -
         mark = pending.stream_mark()
         if mark is None:
             await _loops.current().wait(pending.notify_when_complete)
-        elif not (
-            pending.lands_soon()
-            and (policy or mark.backend.wait_policy) != "frugal"
-            and await _landed_soon(mark)
-        ):
+        else:
             await await_mark(mark.backend, mark, policy)
     except BaseException:
         pending.discard()
         raise
     return pending.result()
-
-
-async def _landed_soon(mark: StreamMark) -> bool:
-    """After a checkpoint, whether a read that lands soon has, looking for :data:`QUICK_SPIN`.
-
-    The copy of an idle stream lands a few microseconds after it is enqueued;
-    a checkpoint takes about as long, so this spin rarely runs more than a
-    few queries (and never past :data:`QUICK_SPIN`, then the wait goes on as any does).
-    """
-    await _loops.checkpoint()
-    give_up_at = time.perf_counter() + QUICK_SPIN
-    while not mark.query():
-        if time.perf_counter() >= give_up_at:
-            return False
-    return True
 
 
 async def synchronize(

@@ -70,16 +70,6 @@ class PendingRead(abc.ABC):
         """
         return None
 
-    def lands_soon(self) -> bool:
-        """Whether the copy lands within microseconds of being enqueued.
-
-        ``True`` when it is small and nothing was queued before it (the
-        stream was idle): :func:`accy_async.waiting.wait_read` then looks
-        for it in a short spin after its checkpoint, before anything that
-        costs more. ``False`` by default.
-        """
-        return False
-
     @abc.abstractmethod
     def result(self) -> memoryview:
         """The bytes read; call only after completion."""

@@ -91,9 +91,6 @@ __all__ = ["CudaBackend", "probe_cuda"]
 
 _PER_THREAD_STREAM: Final = 2
 """CU_STREAM_PER_THREAD; 0 and 1 are the NULL and legacy streams: handles of no context."""
-_QUICK_READ_BYTES: Final = 16 << 10
-"""A read at most this large, of an idle stream, is looked for in a spin (``lands_soon``)."""
-
 _GRANULE: Final = 512
 """Allocations are rounded up to this many bytes (kept blocks are reused by size)."""
 _MEMORY_CACHE_CEILING: Final = 4 << 30
@@ -474,12 +471,6 @@ class CudaBackend(Backend):
     ) -> PendingRead:
         host, capacity = self._device_state.take_staging(size)
         d = driver()
-        # Small, and behind nothing: it lands a few microseconds after the call (about 4 us
-        # on the H200), so the wait looks for it before consulting the forecast.
-        soon = (
-            size <= _QUICK_READ_BYTES
-            and d.cuStreamQuery(stream.native)[0] == self._device_state.success
-        )
         try:
             if size:
                 self._results.check(
@@ -497,7 +488,7 @@ class CudaBackend(Backend):
                 host, capacity
             )  # the copy failed to enqueue or faulted
             raise
-        return CudaRead(self._device_state, host, capacity, size, mark, soon)
+        return CudaRead(self._device_state, host, capacity, size, mark)
 
     def _fill(self, buffer: BufferHandle, pattern: int, stream: StreamHandle) -> None:
         if buffer.byte_size % 4:

@@ -121,18 +121,11 @@ class CudaRead(PendingRead):
     also when the read is discarded while the copy is still in flight.
     """
 
-    __slots__ = ("_capacity", "_device", "_done", "_host", "_mark", "_size", "_soon")
+    __slots__ = ("_capacity", "_device", "_done", "_host", "_mark", "_size")
 
     def __init__(
-        self,
-        device: DeviceState,
-        host: int,
-        capacity: int,
-        size: int,
-        mark: CudaStreamMark,
-        soon: bool = False,
+        self, device: DeviceState, host: int, capacity: int, size: int, mark: CudaStreamMark
     ) -> None:
-        self._soon = soon
         self._device = device
         self._host = host
         self._capacity = capacity
@@ -145,9 +138,6 @@ class CudaRead(PendingRead):
 
     def notify_when_complete(self, callback: CompletionCallback) -> CompletionRegistration:
         return self._mark.notify_when_complete(callback)
-
-    def lands_soon(self) -> bool:
-        return self._soon
 
     def result(self) -> memoryview:
         data = memoryview(ctypes.string_at(self._host, self._size))
