@@ -209,6 +209,8 @@ async def test_a_replayed_call_is_checked_where_it_differs() -> None:
         x, y, out = DeviceArray(64, A), DeviceArray(64, A, 0x2000), DeviceArray(64, A, 0x3000)
         for _ in range(3):
             await saxpy(x, y, a=1.0, out=out)
+        (lane,) = saxpy._free
+        assert [isinstance(each, Replay) for each in lane.replays.values()] == [True]
         await assert_checkpoint(lambda: saxpy(x, y, a=1.0, out=out))  # a replay
         launches = backend.launch_count
         wide = DeviceArray(64, A, 0x3000)
@@ -250,4 +252,43 @@ async def test_an_unhashable_description_is_called_the_checked_way() -> None:
         assert backend.launch_count == 3
         (lane,) = saxpy._free
         assert lane.replays == {}
+    await backend.aclose()
+
+
+async def test_a_replayed_call_gives_back_and_takes_what_the_checked_call_does() -> None:
+    """``out=`` as a list or tuple, NumPy scalars (a zero's sign kept), and an array whose
+    interface raises: the same answer, replayed or not."""
+    backend = accy.RecordingBackend()
+    async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
+        x, y, out = DeviceArray(64, A), DeviceArray(64, A, 0x2000), DeviceArray(64, A, 0x3000)
+        for given in ([out], (out,), out):
+            assert [await saxpy(x, y, a=1.0, out=given) for _ in range(4)] == [out] * 4
+        for a in (np.float32(0.0), np.float32(-0.0), np.float64(-0.0), np.float64(0.0)):
+            for _ in range(3):
+                await saxpy(x, y, a=a, out=out)
+                (_, scale) = backend.launches[-1].scalars
+                assert math.copysign(1.0, scale.value) == math.copysign(1.0, float(a))
+
+        class Refusing:
+            @property
+            def __cuda_array_interface__(self) -> dict[str, Any]:
+                raise RuntimeError("cannot export a tensor that requires grad")
+
+        for _ in range(2):
+            with pytest.raises(accy.LaunchArgumentMismatch, match="requires grad"):
+                await saxpy(Refusing(), y, a=1.0, out=out)
+    await backend.aclose()
+
+
+async def test_a_wrong_array_is_named_before_a_wrong_stream() -> None:
+    backend = accy.RecordingBackend()
+    async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
+        x, y, out = DeviceArray(64, A), DeviceArray(64, A, 0x2000), DeviceArray(64, A, 0x3000)
+        await saxpy(x, y, a=1.0, out=out)  # a free lane: the call looks for a replay first
+        wide = DeviceArray(64, A)
+        wide.__cuda_array_interface__["typestr"] = "<f8"
+        with pytest.raises(accy.LaunchArgumentMismatch, match=r"operand 0"):
+            await saxpy(wide, y, a=1.0, out=out, stream="C")  # type: ignore[arg-type]
+        with pytest.raises(accy.InvalidBuffer, match="not a stream"):
+            await saxpy(x, y, a=1.0, out=out, stream="C")  # type: ignore[arg-type]
     await backend.aclose()

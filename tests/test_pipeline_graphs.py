@@ -445,3 +445,34 @@ async def test_an_adopted_stream_forgotten_during_a_prepare_is_adopted_again() -
         await scratch.aclose()
         backend.destroy_all([*buffers, adopted])
         assert not backend.live_handles()
+
+
+async def test_a_new_request_like_a_packed_one_keeps_the_graph_rules_of_new_requests() -> None:
+    """Relaunched from a pack made while the graph was its stream's, a new request like it
+    still does not take the graph once another stream's launch has it."""
+    async with accy.open_backend("recording") as backend:
+        assert isinstance(backend, RecordingBackend)
+        document, pool, scratch, buffers = await _scan_pool(backend)
+        first, second = backend.create_stream(), backend.create_stream()
+
+        def on(stream: accy.StreamHandle, graph: bool | None = None) -> PipelineLaunch:
+            request = _request(document, pool, scratch, buffers, graph)
+            return msgspec.structs.replace(request, stream=stream)
+
+        for _ in range(3):  # the second packed with the graph, the third relaunched from it
+            await launch_pipeline(backend, on(first))
+        assert len(backend.graph_launches) == 2
+        await launch_pipeline(backend, on(second, True))  # asks for the graph: takes it
+        assert len(backend.graph_launches) == 3
+        before = len(backend.launches)
+        await launch_pipeline(backend, on(first))  # like the packed one: stage by stage
+        assert len(backend.graph_launches) == 3
+        assert len(backend.launches) == before + len(document.pipeline.stages)
+        await accy.wait_stream(backend, second)
+        backend.destroy(second)  # the graph's stream is gone: free for a new request again
+        await launch_pipeline(backend, on(first))
+        assert len(backend.graph_launches) == 4
+        await accy.wait_stream(backend, first)
+        await pool.aclose()
+        await scratch.aclose()
+        backend.destroy_all([*buffers, first])

@@ -24,10 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+
 from ._call_intake import scalar_key
 from .arrays import ArrayView
 from .backends import Backend, LaunchConfig, NodeArguments, StageLauncher, StreamHandle
-from .errors import AccyError
 from .interop import device_array
 
 __all__ = ["REPLAYS_KEPT", "Replay", "replay_key"]
@@ -84,6 +85,8 @@ def replay_key(
     tensor = None if torch is None else torch.Tensor
     try:
         for name, value in scalars.items():
+            if isinstance(value, np.integer | np.floating):
+                value = value.item()  # as the call takes it: -0.0 keeps its sign in the key
             parts += (name, scalar_key(value))
         for array in (*operands, *results):
             if tensor is not None and isinstance(array, tensor):
@@ -97,6 +100,6 @@ def replay_key(
             else:
                 get = array.__cuda_array_interface__.get  # (not ``descr``: a list, unread)
                 parts += (get("data"), get("shape"), get("typestr"), get("strides"), get("stream"))
-    except (AccyError, AttributeError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - whatever the array raises, the checked way reports it
         return None
     return tuple(parts)

@@ -135,6 +135,22 @@ class PipelineArtifactPool:
             what=f"the {self.target} pipeline",
         )
 
+    def graph_for_new(
+        self, configs: tuple[LaunchConfig, ...], stream: StreamHandle
+    ) -> GraphExec | None:
+        """The cached graph at ``configs`` if a new request on ``stream`` may take it.
+
+        As :meth:`takes_graph` rules: one that last ran on ``stream`` (or never
+        ran, or whose stream is gone); none is made, none evicted.
+        """
+        graph = self.graphs.graphs.get(configs)
+        return graph if graph is not None and self._free_for(graph, stream) else None
+
+    def _free_for(self, graph: GraphExec, stream: StreamHandle) -> bool:
+        """Whether a new request on ``stream`` may take ``graph`` (not running elsewhere)."""
+        last = graph.last_stream
+        return last is None or last is stream or not self.backend.owns(last)  # or gone
+
     def remember_like(self, likeness: tuple[object, ...], like: LaunchLike) -> None:
         """Keep ``like`` as what requests of ``likeness`` launch (the newest few)."""
         likes = self.likes
@@ -155,8 +171,7 @@ class PipelineArtifactPool:
         graphs = self.graphs
         graph = graphs.graphs.get(configs)
         if graph is not None:
-            last = graph.last_stream
-            return last is None or last is stream or not self.backend.owns(last)  # or gone
+            return self._free_for(graph, stream)
         sightings = self._sightings
         if configs in sightings:
             sightings.move_to_end(configs)

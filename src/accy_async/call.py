@@ -240,12 +240,19 @@ class PipelineCall:
         pool = self._open_pool()
         document = self.document
         on_cpu = self.backend.kind == "cpu"
-        given_stream = None if stream is None else self.backend.adopt_stream(stream)
-        key = None if on_cpu else replay_key(operands, out, given_stream, scalars)
-        if key is not None and self._free and self._replayed(key, operands, out):
-            return out
+        key = None
+        keyed = out is not None and not on_cpu and bool(self._free)
+        if keyed:
+            key = self._replay_key(operands, out, stream, scalars)
+            if key is not None and self._replayed(key, operands, out):
+                if not isinstance(out, list | tuple):
+                    return out
+                return out[0] if document.pipeline.result_count == 1 else tuple(out)
         arrays = self._intake.operands(operands)
         resolution, counts = self._intake.scalars(pool, arrays, scalars)
+        given_stream = None if stream is None else self.backend.adopt_stream(stream)
+        if not keyed and out is not None and not on_cpu:
+            key = replay_key(operands, out, given_stream, scalars)  # a replay for later
         results = self._intake.results(self.backend, out, counts, arrays, given_stream)
         if on_cpu:
             refuse_device_arrays(arrays, results)
@@ -276,6 +283,19 @@ class PipelineCall:
         return given[0] if document.pipeline.result_count == 1 else tuple(given)
 
     # ----- lanes ------------------------------------------------------------------------
+
+    def _replay_key(
+        self, operands: Sequence[Any], out: Any, stream: StreamLike | None, scalars: Any
+    ) -> tuple[object, ...] | None:
+        """The call's replay key (:func:`replay_key`).
+
+        ``None`` also when ``stream`` is not one: the checks say so, after the arrays'.
+        """
+        try:
+            given = None if stream is None else self.backend.adopt_stream(stream)
+        except AccyError:
+            return None
+        return replay_key(operands, out, given, scalars)
 
     def _replayed(self, key: tuple[object, ...], operands: Sequence[Any], out: Any) -> bool:
         """Launch a call like one launched twice before on a free lane, if there is one.

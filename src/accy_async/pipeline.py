@@ -254,8 +254,13 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         if likeness is not None:
             like = pool.likes.get(likeness)
             if like is not None:
-                if like.memo is not None and _relaunch(backend, pool, like.memo):
-                    return
+                try:
+                    if like.memo is not None and _relaunch(
+                        backend, pool, like.memo, new_request=True
+                    ):
+                        return
+                except InvalidBuffer:
+                    pass  # a buffer or stream gone: the checks below name it in this request
                 alike = True
     given = request.stream
     stream = (
@@ -496,12 +501,16 @@ def _refuse_closed_scratch(intermediates: object) -> None:
         raise LaunchArgumentMismatch("the intermediates are closed", path="$.intermediates")
 
 
-def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo) -> bool:
+def _relaunch(
+    backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo, *, new_request: bool = False
+) -> bool:
     """Launch a request checked in full before, re-checking only what can have changed.
 
     Returns ``False`` (and launches nothing) when its buffers are not the ones
     checked; raises as the full check would when one is no longer live or the
-    pool or intermediates were closed.
+    pool or intermediates were closed. For a ``new_request`` like the memo's
+    (not the memo's own), a graph is taken as for any new request
+    (:meth:`PipelineArtifactPool.graph_for_new`) unless it asks for graphs.
     """
     intermediates = memo.request.intermediates
     _check_open(pool, intermediates)
@@ -512,7 +521,11 @@ def _relaunch(backend: Backend, pool: PipelineArtifactPool, memo: LaunchMemo) ->
         intermediates.streams_used.add(stream)
     pool.streams_used.add(stream)
     if memo.graph_arguments is not None:
-        graph = pool.graph_for(memo.configs, memo.request.device_graph)
+        wanted = memo.request.device_graph
+        if new_request and wanted is None:
+            graph = pool.graph_for_new(memo.configs, stream or backend.default_stream)
+        else:
+            graph = pool.graph_for(memo.configs, wanted)
         if graph is not None:
             backend.launch_graph_exec_trusted(graph, memo.graph_arguments, stream)
             return True
@@ -545,7 +558,8 @@ def _likeness(request: PipelineLaunch, resolved: Resolution) -> tuple[object, ..
         id(resolved),
         request.format,
         request.device_graph,
-        stream if stream is None or stream.__class__ is int else id(stream),
+        stream if stream.__class__ is int else None,  # a raw handle, by value
+        None if stream is None or stream.__class__ is int else id(stream),
         id(request.operand_shapes),
         id(request.result_shapes),
         scratch,
