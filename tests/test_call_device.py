@@ -226,32 +226,26 @@ async def test_a_replayed_call_is_checked_where_it_differs() -> None:
     await backend.aclose()
 
 
-async def test_arrays_describing_themselves_as_cupy_does_are_replayed() -> None:
-    """CuPy's interface has a ``descr`` list (unhashable): the call reads it not, nor keys it."""
+@pytest.mark.parametrize(
+    ("item", "value", "replayed"),
+    [
+        ("descr", [("", "<f4")], [True]),  # CuPy's: a list the call never reads, nor keys
+        ("shape", [64], []),  # read as a tuple, but unhashable here: no replay
+    ],
+)
+async def test_what_an_interface_holds_beyond_its_reads_decides_the_replay(
+    item: str, value: object, replayed: list[bool]
+) -> None:
     backend = accy.RecordingBackend()
     async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
         arrays = [DeviceArray(64, A, address) for address in (0x1000, 0x2000, 0x3000)]
         for each in arrays:
-            each.__cuda_array_interface__["descr"] = [("", "<f4")]
-        for _ in range(3):
-            await saxpy(arrays[0], arrays[1], a=1.0, out=arrays[2])
-        (lane,) = saxpy._free
-        assert [isinstance(each, Replay) for each in lane.replays.values()] == [True]
-    await backend.aclose()
-
-
-async def test_an_unhashable_description_is_called_the_checked_way() -> None:
-    """A shape given as a list (the call reads it as a tuple) cannot key a replay."""
-    backend = accy.RecordingBackend()
-    async with accy.open_pipeline("saxpy_f32", backend=backend, max_lanes=1) as saxpy:
-        arrays = [DeviceArray(64, A, address) for address in (0x1000, 0x2000, 0x3000)]
-        for each in arrays:
-            each.__cuda_array_interface__["shape"] = [64]
+            each.__cuda_array_interface__[item] = value
         for _ in range(3):
             assert await saxpy(arrays[0], arrays[1], a=1.0, out=arrays[2]) is arrays[2]
         assert backend.launch_count == 3
         (lane,) = saxpy._free
-        assert lane.replays == {}
+        assert [isinstance(each, Replay) for each in lane.replays.values()] == replayed
     await backend.aclose()
 
 

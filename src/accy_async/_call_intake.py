@@ -26,7 +26,7 @@ from .pipeline import PipelineArtifactPool, Resolution, resolve_launch
 from .plan import DType, Forward, PipelineBuffer, PipelineDocument, ScalarArgument, resolve_quantity
 from .plan._base import Tagged
 
-__all__ = ["Array", "Intake", "refuse_device_arrays", "scalar_key"]
+__all__ = ["Array", "Intake", "plain_scalar", "refuse_device_arrays", "scalar_key"]
 
 Array = np.ndarray[Any, Any] | DeviceArray
 """An operand or result as checked: a NumPy array, or another library's device array."""
@@ -109,10 +109,7 @@ class Intake:
         values: list[ScalarArgument | int | float] = []
         for index, name in enumerate(names):
             if name in given:
-                value = given[name]
-                if isinstance(value, np.integer | np.floating):
-                    value = value.item()  # a NumPy scalar (x.mean(), len as np.int64)
-                values.append(value)  # type: ignore[arg-type]  # checked just below
+                values.append(plain_scalar(given[name]))
                 continue
             sized = self._sized_by[index]
             if not sized:
@@ -225,6 +222,17 @@ class Intake:
                 )
             checked.append(item)
         return checked
+
+
+def plain_scalar(value: Any) -> Any:
+    """A scalar as a call takes it, checked later.
+
+    A NumPy scalar (``x.mean()``, a length as ``np.int64``) becomes the Python
+    number it holds; anything else stays as it is.
+    """
+    if isinstance(value, np.integer | np.floating):
+        return value.item()
+    return value
 
 
 def scalar_key(value: ScalarArgument | int | float) -> tuple[Any, ...]:

@@ -24,9 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import numpy as np
-
-from ._call_intake import scalar_key
+from ._call_intake import plain_scalar, scalar_key
 from .arrays import ArrayView
 from .backends import Backend, LaunchConfig, NodeArguments, StageLauncher, StreamHandle
 from .interop import device_array
@@ -64,11 +62,11 @@ class Replay:
 
 def replay_key(
     operands: Sequence[Any],
-    out: Any,
+    results: Sequence[Any],
     stream: StreamHandle | None,
     scalars: Mapping[str, Any],
 ) -> tuple[object, ...] | None:
-    """What decides a call on device arrays with ``out=``; ``None`` if it is not one.
+    """What decides a call on device arrays into ``results`` (``out=``); ``None`` if not one.
 
     Each array adds what the call reads of its CUDA Array Interface (data,
     shape, typestr, strides, stream), or a PyTorch tensor its address, size,
@@ -77,17 +75,12 @@ def replay_key(
     key may still hold something unhashable (a list for a shape): whoever
     looks it up treats the ``TypeError`` as no key.
     """
-    if out is None:
-        return None
-    results = out if isinstance(out, list | tuple) else (out,)
     parts: list[object] = [stream, len(operands)]
     torch = sys.modules.get("torch")  # a tensor's class is loaded, so torch is imported
     tensor = None if torch is None else torch.Tensor
     try:
         for name, value in scalars.items():
-            if isinstance(value, np.integer | np.floating):
-                value = value.item()  # as the call takes it: -0.0 keeps its sign in the key
-            parts += (name, scalar_key(value))
+            parts += (name, scalar_key(plain_scalar(value)))  # as the call takes it
         for array in (*operands, *results):
             if tensor is not None and isinstance(array, tensor):
                 if not array.is_cuda:

@@ -48,6 +48,7 @@ from .backends import (
     Backend,
     BufferBinding,
     BufferHandle,
+    NodeArguments,
     StreamHandle,
     StreamLike,
 )
@@ -59,6 +60,7 @@ from .pipeline import (
     PipelineArtifactPool,
     Resolution,
     enqueue_checked,
+    launch_packed,
     load_pipeline_artifacts,
     pack_stages,
 )
@@ -240,19 +242,15 @@ class PipelineCall:
         pool = self._open_pool()
         document = self.document
         on_cpu = self.backend.kind == "cpu"
+        outs = None if out is None else out if isinstance(out, list | tuple) else (out,)
         key = None
-        keyed = out is not None and not on_cpu and bool(self._free)
-        if keyed:
-            key = self._replay_key(operands, out, stream, scalars)
-            if key is not None and self._replayed(key, operands, out):
-                if not isinstance(out, list | tuple):
-                    return out
-                return out[0] if document.pipeline.result_count == 1 else tuple(out)
+        if outs is not None and not on_cpu:
+            key = self._replay_key(operands, outs, stream, scalars)
+            if key is not None and self._free and self._replayed(key, operands, outs):
+                return _returned(document, outs)
         arrays = self._intake.operands(operands)
         resolution, counts = self._intake.scalars(pool, arrays, scalars)
         given_stream = None if stream is None else self.backend.adopt_stream(stream)
-        if not keyed and out is not None and not on_cpu:
-            key = replay_key(operands, out, given_stream, scalars)  # a replay for later
         results = self._intake.results(self.backend, out, counts, arrays, given_stream)
         if on_cpu:
             refuse_device_arrays(arrays, results)
@@ -279,13 +277,18 @@ class PipelineCall:
                 self._free.append(lane)
         finally:
             self._slots.release()
-        given = [each.owner if isinstance(each, DeviceArray) else each for each in results]
-        return given[0] if document.pipeline.result_count == 1 else tuple(given)
+        return _returned(
+            document, [each.owner if isinstance(each, DeviceArray) else each for each in results]
+        )
 
     # ----- lanes ------------------------------------------------------------------------
 
     def _replay_key(
-        self, operands: Sequence[Any], out: Any, stream: StreamLike | None, scalars: Any
+        self,
+        operands: Sequence[Any],
+        outs: Sequence[Any],
+        stream: StreamLike | None,
+        scalars: Any,
     ) -> tuple[object, ...] | None:
         """The call's replay key (:func:`replay_key`).
 
@@ -295,9 +298,11 @@ class PipelineCall:
             given = None if stream is None else self.backend.adopt_stream(stream)
         except AccyError:
             return None
-        return replay_key(operands, out, given, scalars)
+        return replay_key(operands, outs, given, scalars)
 
-    def _replayed(self, key: tuple[object, ...], operands: Sequence[Any], out: Any) -> bool:
+    def _replayed(
+        self, key: tuple[object, ...], operands: Sequence[Any], outs: Sequence[Any]
+    ) -> bool:
         """Launch a call like one launched twice before on a free lane, if there is one.
 
         ``False`` (nothing done) when the lane has no replay of ``key``: the
@@ -315,15 +320,11 @@ class PipelineCall:
         try:
             self._launch_replay(lane, replay)
         except BaseException:
-            results = out if isinstance(out, list | tuple) else (out,)
-            self._retire(lane, [*operands, *results])  # referenced until the work is done
+            self._retire(lane, [*operands, *outs])  # referenced until the work is done
             raise
         owners = lane.owners
         owners += operands
-        if isinstance(out, list | tuple):
-            owners += out
-        else:
-            owners.append(out)
+        owners += outs
         self._free.append(lane)
         return True
 
@@ -335,15 +336,12 @@ class PipelineCall:
         lane.follow(backend, stream)
         lane.where = stream
         graph = None
+        arguments: Sequence[NodeArguments] = ()
         if replay.graph is not None:
             assert self._pool is not None
             configs, arguments = replay.graph
             graph = self._pool.graph_for(configs, True)
-            if graph is not None:
-                backend.launch_graph_exec_trusted(graph, arguments, stream)
-        if graph is None:
-            for launcher, prepared, config in replay.stages:
-                launcher.launch_prepared(prepared, config, stream)
+        launch_packed(backend, replay.stages, stream, graph, arguments)
         lane.ran(backend, stream)
 
     def _remember(
@@ -524,6 +522,11 @@ class PipelineCall:
             self._retire(lane, owners)  # the arrays stay referenced until the work is done
             raise
         lane.owners.extend(owners)
+
+
+def _returned(document: PipelineDocument, results: Sequence[Any]) -> Arrays:
+    """What a call gives back: its one result, or a tuple of them."""
+    return results[0] if document.pipeline.result_count == 1 else tuple(results)
 
 
 def _streams(items: Sequence[Array]) -> list[int]:

@@ -64,6 +64,7 @@ from .backends import (
     Backend,
     BufferBinding,
     BufferHandle,
+    GraphExec,
     LaunchConfig,
     LoadedArtifact,
     NodeArguments,
@@ -96,6 +97,7 @@ __all__ = [
     "choose_format",
     "enqueue_checked",
     "intermediate_byte_size",
+    "launch_packed",
     "launch_pipeline",
     "load_pipeline_artifacts",
     "pack_stages",
@@ -287,11 +289,9 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         _check_intermediates(backend, provided, resolved.intermediate_sizes, request)
     if pool is not None and provided is not None:
         # The caller owns everything: enqueue the stages and return without waiting.
-        memo = _enqueue_with_pool(
-            backend, request, pool, resolved, stream, seen_before or alike, as_graph
+        _enqueue_with_pool(
+            backend, request, pool, resolved, stream, seen_before or alike, as_graph, likeness
         )
-        if likeness is not None:
-            pool.remember_like(likeness, LaunchLike(request, resolved, memo))
         return
     owned: list[BufferHandle | LoadedArtifact] = []
     loading = False
@@ -342,13 +342,15 @@ def _enqueue_with_pool(
     stream: StreamHandle | None,
     seen_before: bool,
     as_graph: bool,
-) -> LaunchMemo | None:
+    likeness: tuple[object, ...] | None,
+) -> None:
     """Enqueue a checked request that brings its pool and scratch, and remember it.
 
     A request seen for the first time is only remembered (packing costs more
-    than a launch, and most requests come once); launched again, its stages'
-    arguments are packed into a :class:`LaunchMemo` for its relaunches, which
-    is returned.
+    than a launch, and most requests come once): by its ``likeness`` when it
+    has one (see :func:`_likeness`), else by identity. Launched again (or one
+    like it), its stages' arguments are packed into a :class:`LaunchMemo` for
+    its relaunches, kept by identity and by likeness.
     """
     operands, results, provided = request.operands, request.results, request.intermediates
     assert provided is not None
@@ -362,17 +364,15 @@ def _enqueue_with_pool(
     else:
         _launch_stages(pool.launchers, arguments, resolved, stream)
     if not seen_before:
+        if likeness is not None:
+            pool.remember_like(likeness, LaunchLike(request, resolved, None))
+            return
         pool.seen[id(request)] = request
         if len(pool.seen) > MEMO_CAPACITY:
             pool.seen.popitem(last=False)
-        return None
+        return
     pool.seen.pop(id(request), None)
-    stages = tuple(
-        (launcher, launcher.prepare(buffers, scalars), config)
-        for launcher, (buffers, scalars), config in zip(
-            pool.launchers, arguments, resolved.configs, strict=True
-        )
-    )
+    stages = _packed(pool.launchers, arguments, resolved.configs)
     sequences = (operands, results, provided)
     memo = pool.memos[id(request)] = LaunchMemo(
         request,
@@ -386,7 +386,8 @@ def _enqueue_with_pool(
     )
     if len(pool.memos) > MEMO_CAPACITY:
         pool.memos.popitem(last=False)
-    return memo
+    if likeness is not None:
+        pool.remember_like(likeness, LaunchLike(request, resolved, memo))
 
 
 def resolve_launch(
@@ -449,13 +450,38 @@ def pack_stages(
     ``(launcher, launcher.prepare(buffers, scalars), geometry)``.
     """
     arguments = _stage_arguments(resolution, operands, results, intermediates or ())
-    stages = tuple(
+    return arguments, _packed(pool.launchers, arguments, resolution.configs)
+
+
+def launch_packed(
+    backend: Backend,
+    stages: Sequence[tuple[StageLauncher, object, LaunchConfig]],
+    stream: StreamHandle | None,
+    graph: GraphExec | None = None,
+    graph_arguments: Sequence[NodeArguments] = (),
+) -> None:
+    """Enqueue stages packed by :func:`pack_stages`.
+
+    As ``graph`` (its nodes given ``graph_arguments``) when there is one,
+    else one prepared launch a stage.
+    """
+    if graph is not None:
+        backend.launch_graph_exec_trusted(graph, graph_arguments, stream)
+        return
+    for launcher, prepared, config in stages:
+        launcher.launch_prepared(prepared, config, stream)
+
+
+def _packed(
+    launchers: Sequence[StageLauncher],
+    arguments: Sequence[NodeArguments],
+    configs: Sequence[LaunchConfig],
+) -> tuple[tuple[StageLauncher, object, LaunchConfig], ...]:
+    """Each stage's ``(launcher, its arguments prepared, geometry)``, for relaunching."""
+    return tuple(
         (launcher, launcher.prepare(buffers, scalars), config)
-        for launcher, (buffers, scalars), config in zip(
-            pool.launchers, arguments, resolution.configs, strict=True
-        )
+        for launcher, (buffers, scalars), config in zip(launchers, arguments, configs, strict=True)
     )
-    return arguments, stages
 
 
 def _adopted_again(
@@ -520,17 +546,14 @@ def _relaunch(
     if isinstance(intermediates, PipelineIntermediates):
         intermediates.streams_used.add(stream)
     pool.streams_used.add(stream)
+    graph = None
     if memo.graph_arguments is not None:
         wanted = memo.request.device_graph
         if new_request and wanted is None:
             graph = pool.graph_for_new(memo.configs, stream or backend.default_stream)
         else:
             graph = pool.graph_for(memo.configs, wanted)
-        if graph is not None:
-            backend.launch_graph_exec_trusted(graph, memo.graph_arguments, stream)
-            return True
-    for launcher, prepared, config in memo.stages:
-        launcher.launch_prepared(prepared, config, stream)
+    launch_packed(backend, memo.stages, stream, graph, memo.graph_arguments or ())
     return True
 
 
