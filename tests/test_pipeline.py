@@ -83,7 +83,7 @@ async def test_a_relaunched_request_whose_buffer_or_stream_was_destroyed_is_refu
             await launch_pipeline(recording, request)
         await accy.wait_stream(recording, stream)
         recording.destroy(result if destroyed == "result" else stream)
-        where = r"\$\.buffers\[1\]" if destroyed == "result" else r"live stream .*\$\.stream"
+        where = r"\$\.results\[0\]" if destroyed == "result" else r"live stream .*\$\.stream"
         with pytest.raises(accy.InvalidBuffer, match=where):
             await launch_pipeline(recording, request)
         assert recording.launch_count == 9

@@ -30,7 +30,7 @@ from .backends import (
     StageLauncher,
     StreamHandle,
 )
-from .errors import LaunchArgumentMismatch, LimitExceeded
+from .errors import InvalidBuffer, LaunchArgumentMismatch, LimitExceeded
 from .plan import (
     ArtifactFormat,
     KernelCallPipeline,
@@ -316,7 +316,11 @@ class LaunchMemo:
     seen live (nothing destroyed since: they still are)."""
 
     def still_holds(self, backend: Backend) -> bool:
-        """Whether the request's buffers are the ones checked, and all still live."""
+        """Whether the request's buffers are the ones checked, and all still live.
+
+        ``False`` too when one was destroyed since: the caller's full checks then
+        refuse it under the request's own path (``$.results[0]``, say).
+        """
         request = self.request
         sequences = self.sequences
         if (
@@ -333,7 +337,10 @@ class LaunchMemo:
                 return False
         removals = backend.removals
         if removals != self.checked_at:
-            backend.check_bindings(self.bindings, "$.buffers")
+            try:
+                backend.check_bindings(self.bindings)
+            except InvalidBuffer:
+                return False
             stream = self.stream
             if stream is not None and not backend.owns(stream):
                 return False

@@ -256,13 +256,10 @@ async def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
         if likeness is not None:
             like = pool.likes.get(likeness)
             if like is not None:
-                try:
-                    if like.memo is not None and _relaunch(
-                        backend, pool, like.memo, new_request=True
-                    ):
-                        return
-                except InvalidBuffer:
-                    pass  # a buffer or stream gone: the checks below name it in this request
+                # A buffer or stream gone makes the relaunch decline: the checks below name
+                # it in this request.
+                if like.memo is not None and _relaunch(backend, pool, like.memo, new_request=True):
+                    return
                 alike = True
     given = request.stream
     stream = (
@@ -533,10 +530,11 @@ def _relaunch(
     """Launch a request checked in full before, re-checking only what can have changed.
 
     Returns ``False`` (and launches nothing) when its buffers are not the ones
-    checked; raises as the full check would when one is no longer live or the
-    pool or intermediates were closed. For a ``new_request`` like the memo's
-    (not the memo's own), a graph is taken as for any new request
-    (:meth:`PipelineArtifactPool.graph_for_new`) unless it asks for graphs.
+    checked or one of them (or its stream) is no longer live, so that the full
+    checks name it; raises as they would when the pool or intermediates were
+    closed. For a ``new_request`` like the memo's (not the memo's own), a graph
+    is taken as for any new request (:meth:`PipelineArtifactPool.graph_for_new`)
+    unless it asks for graphs.
     """
     intermediates = memo.request.intermediates
     _check_open(pool, intermediates)
