@@ -475,3 +475,30 @@ def test_a_wait_for_unseen_work_stops_forecasts_until_a_later_point_is_seen(
     expected = ledger.anticipate(ledger.position)
     assert expected is not None
     assert expected.due == pytest.approx(clock.now + LAUNCH_LATENCY + 1e-3, abs=1e-6)
+
+
+def test_a_settled_model_learns_from_at_most_one_completion_a_millisecond(clock: Clock) -> None:
+    """Thousands of small requests a second would cost more CPU to learn from than they run."""
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    rng = random.Random(3)
+
+    def one(gap: float) -> None:
+        clock.now += gap
+        ns = 10 ** rng.uniform(4, 5)
+        ledger.enqueue(model, launch(ns))
+        seen_at(ledger, ledger.position, clock.now + LAUNCH_LATENCY + ns * 1e-9)
+
+    for _ in range(40):  # young, then settled: each completion 10 ms apart is learned
+        one(10e-3)
+    assert model.checked == 39  # every one after the first checked the prediction
+    for _ in range(100):  # 100 completions in 20 ms: about one a millisecond is learned
+        one(200e-6)
+    assert 16 <= model.checked - 39 <= 21
+    assert ledger.items == []  # every completion still ends its items
+    lessons = model.checked
+    one(10e-3)
+    assert model.checked == lessons + 1
+    expected = ledger.forecast.predict([(model, launch(50e3), 0.0)])
+    assert expected is not None
+    assert expected[0] == pytest.approx(50e-6, rel=0.05)  # it still predicts

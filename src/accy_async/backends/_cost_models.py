@@ -20,6 +20,7 @@ from typing import Any, Final
 
 __all__ = [
     "LAUNCH_LATENCY",
+    "LESSON_INTERVAL",
     "MEASUREMENT_BLUR",
     "CostModel",
     "Forecast",
@@ -64,6 +65,18 @@ _REMEMBER_EVERY_FEATURE_UNTIL: Final = 32
 _LOCAL_AT_MOST: Final = 1024
 """Measured points kept per model; more means a changed program: start again."""
 
+LESSON_INTERVAL: Final = 1e-3
+"""A model past its first :data:`_LEARN_FREELY_UNTIL` completions learns from at most one
+completion in this long (see :meth:`Forecast.takes_lesson`).
+
+Learning from a completion costs tens of microseconds of CPU on a slow host (the fit, its
+scores, the measured points), more than the work it learns from when requests come
+thousands a second: this bounds it to a few percent of a core per model, however fast the
+completions come, while a model of long kernels still learns from every one."""
+
+_LEARN_FREELY_UNTIL: Final = 32
+"""Completions a model learns from however close together they come (a young model)."""
+
 Item = tuple[Any, Any, float]
 """``(model, arguments, enqueued_at)``; a device-side wait has the model ``None``."""
 
@@ -107,6 +120,7 @@ class CostModel:
         "checked",
         "features",
         "name",
+        "next_lesson",
         "relative_error",
         "samples",
     )
@@ -116,6 +130,8 @@ class CostModel:
         self.features = features
         self.samples = 0
         """Samples fitted."""
+        self.next_lesson = 0.0
+        """When the next completion may be learned from (see :data:`LESSON_INTERVAL`)."""
         self.checked = 0
         """Predictions checked against a measurement."""
         self.relative_error = 0.25
@@ -362,6 +378,21 @@ class Forecast:
             self._bursts.clear()
         model = self._bursts[key] = CostModel("+".join(each.name for each in key), _burst_features)
         return model
+
+    def takes_lesson(self, burst: Sequence[Item], seen_at: float) -> bool:
+        """Whether a completion of ``burst`` seen at ``seen_at`` is learned from.
+
+        Yes for a burst never learned as such and for a young model; after
+        that, one completion per :data:`LESSON_INTERVAL` a model (the one
+        after the interval is learned and starts the next).
+        """
+        model, _ = self._model_of(burst)
+        if model is None or model.checked < _LEARN_FREELY_UNTIL:
+            return True
+        if seen_at < model.next_lesson:
+            return False
+        model.next_lesson = seen_at + LESSON_INTERVAL
+        return True
 
     def predict(self, burst: Sequence[Item]) -> tuple[float, float] | None:
         """A burst's duration from its first item's start, and its spread, if its model knows."""

@@ -37,7 +37,10 @@ after a few completions; one that always takes as long, after one.
 Sightings cost a waiter nothing: :meth:`Ledger.sighted` queues them (from
 any thread: the loop's polls, the CUDA reactor's), and they are folded in on
 the loop's thread the next time the ledger is used, after the waiter has
-resumed. A model that already predicts within 1.5% skips most updates.
+resumed. A model that already predicts within 1.5% skips most updates, and a model past
+its first samples learns from at most one completion a millisecond
+(:data:`~._cost_models.LESSON_INTERVAL`): a service of thousands of small requests a
+second would otherwise spend more CPU learning than its kernels run.
 
 The cost models (:class:`CostModel`, :class:`Forecast`) live in
 :mod:`._cost_models`; this module keeps the ledgers and re-exports them.
@@ -258,7 +261,8 @@ class Ledger:
                     MEASUREMENT_BLUR, 0.04 * (seen_at - begin)
                 )
                 lower = 0.0 if pending_at is None else pending_at - begin
-                self._learn(last, lower, seen_at - begin, narrow)
+                if self.forecast.takes_lesson(last, seen_at):
+                    self._learn(last, lower, seen_at - begin, narrow)
         return narrow
 
     def _begin_of(self, bursts: list[list[Item]]) -> float | None:
