@@ -502,3 +502,23 @@ def test_a_settled_model_learns_from_at_most_one_completion_a_millisecond(clock:
     expected = ledger.forecast.predict([(model, launch(50e3), 0.0)])
     assert expected is not None
     assert expected[0] == pytest.approx(50e-6, rel=0.05)  # it still predicts
+
+
+def test_a_young_model_learns_from_every_completion_and_a_coarse_one_spends_no_lesson(
+    clock: Clock,
+) -> None:
+    ledger = Ledger(Forecast())
+    model = ledger.forecast.model("k", "k")
+    for _ in range(40):  # 200 us apart: the first 32 checked, then one a millisecond
+        clock.now += 200e-6
+        ledger.enqueue(model, launch(50e3))
+        seen_at(ledger, ledger.position, clock.now + LAUNCH_LATENCY + 50e-6)
+    assert 32 <= model.checked <= 34
+    clock.now += 10e-3
+    ledger.enqueue(model, launch(50e3))
+    ledger.completed(ledger.position, None, clock.now + 5e-3)  # done by 5 ms: moves nothing
+    checked = model.checked
+    clock.now += 100e-6  # within the millisecond: the narrow sighting still teaches
+    ledger.enqueue(model, launch(50e3))
+    seen_at(ledger, ledger.position, clock.now + LAUNCH_LATENCY + 50e-6)
+    assert model.checked == checked + 1

@@ -66,16 +66,20 @@ _LOCAL_AT_MOST: Final = 1024
 """Measured points kept per model; more means a changed program: start again."""
 
 LESSON_INTERVAL: Final = 1e-3
-"""A model past its first :data:`_LEARN_FREELY_UNTIL` completions learns from at most one
-completion in this long (see :meth:`Forecast.takes_lesson`).
+"""A model past its first :data:`_LEARN_FREELY_UNTIL` checked predictions moves for at most
+one completion in this long, counted over every stream that shares it (see
+:meth:`Forecast.takes_lesson`).
 
 Learning from a completion costs tens of microseconds of CPU on a slow host (the fit, its
 scores, the measured points), more than the work it learns from when requests come
 thousands a second: this bounds it to a few percent of a core per model, however fast the
-completions come, while a model of long kernels still learns from every one."""
+completions come. A model whose completions come a millisecond or more apart moves for
+each, as before; a settled model whose kernel changes cost follows at one lesson a
+millisecond."""
 
 _LEARN_FREELY_UNTIL: Final = 32
-"""Completions a model learns from however close together they come (a young model)."""
+"""Checked predictions (:attr:`CostModel.checked`) a model learns from however close together
+they come (a young model)."""
 
 Item = tuple[Any, Any, float]
 """``(model, arguments, enqueued_at)``; a device-side wait has the model ``None``."""
@@ -380,11 +384,12 @@ class Forecast:
         return model
 
     def takes_lesson(self, burst: Sequence[Item], seen_at: float) -> bool:
-        """Whether a completion of ``burst`` seen at ``seen_at`` is learned from.
+        """Whether a completion of ``burst`` seen at ``seen_at`` may move its model.
 
         Yes for a burst never learned as such and for a young model; after
         that, one completion per :data:`LESSON_INTERVAL` a model (the one
-        after the interval is learned and starts the next).
+        after the interval is learned and starts the next). Ask only when the
+        completion would move the model: a yes spends the interval's lesson.
         """
         model, _ = self._model_of(burst)
         if model is None or model.checked < _LEARN_FREELY_UNTIL:

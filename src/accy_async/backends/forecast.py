@@ -38,9 +38,10 @@ Sightings cost a waiter nothing: :meth:`Ledger.sighted` queues them (from
 any thread: the loop's polls, the CUDA reactor's), and they are folded in on
 the loop's thread the next time the ledger is used, after the waiter has
 resumed. A model that already predicts within 1.5% skips most updates, and a model past
-its first samples learns from at most one completion a millisecond
-(:data:`~._cost_models.LESSON_INTERVAL`): a service of thousands of small requests a
-second would otherwise spend more CPU learning than its kernels run.
+its first 32 checked predictions moves for at most one completion a millisecond
+(:data:`~._cost_models.LESSON_INTERVAL`, counted over every stream that shares it): a
+service of thousands of small requests a second would otherwise spend more CPU learning
+than its kernels run. A settled model whose kernel changes cost follows at that pace.
 
 The cost models (:class:`CostModel`, :class:`Forecast`) live in
 :mod:`._cost_models`; this module keeps the ledgers and re-exports them.
@@ -261,8 +262,7 @@ class Ledger:
                     MEASUREMENT_BLUR, 0.04 * (seen_at - begin)
                 )
                 lower = 0.0 if pending_at is None else pending_at - begin
-                if self.forecast.takes_lesson(last, seen_at):
-                    self._learn(last, lower, seen_at - begin, narrow)
+                self._learn(last, lower, seen_at - begin, narrow, seen_at)
         return narrow
 
     def _begin_of(self, bursts: list[list[Item]]) -> float | None:
@@ -275,10 +275,16 @@ class Ledger:
             return first_of_last
         return None
 
-    def _learn(self, burst: list[Item], lower: float, upper: float, narrow: bool) -> None:
+    def _learn(
+        self, burst: list[Item], lower: float, upper: float, narrow: bool, seen_at: float
+    ) -> None:
+        # A model moves only where it takes the lesson (one a millisecond once settled, see
+        # Forecast.takes_lesson); asked only when it would move, so a sighting that teaches
+        # nothing never spends the millisecond's lesson.
         forecast = self.forecast
         if narrow:
-            forecast.learn(burst, (lower + upper) / 2)
+            if forecast.takes_lesson(burst, seen_at):
+                forecast.learn(burst, (lower + upper) / 2)
             return
         # Seen too coarsely to measure: move a model only if it predicts outside the bracket;
         # inside it, the prediction stands, and counts as a right one only if the bracket is
@@ -288,7 +294,8 @@ class Ledger:
         target = (lower + upper) / 2 if lower > 0 else upper
         low = max(lower, 0.0)
         if finished is None or not lower <= finished[0] - burst[0][2] - LAUNCH_LATENCY <= upper:
-            forecast.learn(burst, target, (low, upper))
+            if forecast.takes_lesson(burst, seen_at):
+                forecast.learn(burst, target, (low, upper))
         elif upper - low <= max(2 * finished[1], MEASUREMENT_BLUR):
             forecast.confirm(burst)
 
