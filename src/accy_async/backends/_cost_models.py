@@ -68,7 +68,7 @@ _LOCAL_AT_MOST: Final = 1024
 LESSON_INTERVAL: Final = 1e-3
 """A model past its first :data:`_LEARN_FREELY_UNTIL` checked predictions moves for at most
 one completion in this long, counted over every stream that shares it (see
-:meth:`Forecast.takes_lesson`).
+:meth:`CostModel.takes_lesson`).
 
 Learning from a completion costs tens of microseconds of CPU on a slow host (the fit, its
 scores, the measured points), more than the work it learns from when requests come
@@ -312,6 +312,20 @@ class CostModel:
                     old[1] + (seconds - old[1]) * _LOCAL_RATE,
                 )
 
+    def takes_lesson(self, seen_at: float) -> bool:
+        """Whether a completion seen at ``seen_at`` may move this model.
+
+        Yes while it is young (its first :data:`_LEARN_FREELY_UNTIL` checked
+        predictions); after that, one completion per :data:`LESSON_INTERVAL`
+        (the first after the interval takes it and starts the next).
+        """
+        if self.checked < _LEARN_FREELY_UNTIL:
+            return True
+        if seen_at < self.next_lesson:
+            return False
+        self.next_lesson = seen_at + LESSON_INTERVAL
+        return True
+
     def confirm(self) -> None:
         """A prediction was seen to be right, as closely as could be told: trust it more."""
         self.relative_error *= 0.75
@@ -383,22 +397,6 @@ class Forecast:
         model = self._bursts[key] = CostModel("+".join(each.name for each in key), _burst_features)
         return model
 
-    def takes_lesson(self, burst: Sequence[Item], seen_at: float) -> bool:
-        """Whether a completion of ``burst`` seen at ``seen_at`` may move its model.
-
-        Yes for a burst never learned as such and for a young model; after
-        that, one completion per :data:`LESSON_INTERVAL` a model (the one
-        after the interval is learned and starts the next). Ask only when the
-        completion would move the model: a yes spends the interval's lesson.
-        """
-        model, _ = self._model_of(burst)
-        if model is None or model.checked < _LEARN_FREELY_UNTIL:
-            return True
-        if seen_at < model.next_lesson:
-            return False
-        model.next_lesson = seen_at + LESSON_INTERVAL
-        return True
-
     def predict(self, burst: Sequence[Item]) -> tuple[float, float] | None:
         """A burst's duration from its first item's start, and its spread, if its model knows."""
         model, arguments = self._model_of(burst)
@@ -432,12 +430,23 @@ class Forecast:
             model.confirm()
 
     def learn(
-        self, burst: Sequence[Item], seconds: float, bracket: tuple[float, float] | None = None
+        self,
+        burst: Sequence[Item],
+        seconds: float,
+        bracket: tuple[float, float] | None,
+        seen_at: float,
     ) -> None:
-        """A burst took ``seconds`` (measured), or about that within ``bracket``."""
+        """A burst seen complete at ``seen_at`` took ``seconds``, or about that within ``bracket``.
+
+        ``bracket`` ``None``: measured. The model moves if it takes the lesson
+        (:meth:`CostModel.takes_lesson`); call this only where the sighting would
+        move the model, as a lesson taken is the interval's.
+        """
         model, arguments = self._model_of(burst)
         if model is None:
             model = self._new_burst_model(burst)
+        elif not model.takes_lesson(seen_at):
+            return
         model.learn(arguments, seconds, bracket)
 
     def models(self) -> list[CostModel]:

@@ -278,13 +278,9 @@ class Ledger:
     def _learn(
         self, burst: list[Item], lower: float, upper: float, narrow: bool, seen_at: float
     ) -> None:
-        # A model moves only where it takes the lesson (one a millisecond once settled, see
-        # Forecast.takes_lesson); asked only when it would move, so a sighting that teaches
-        # nothing never spends the millisecond's lesson.
         forecast = self.forecast
         if narrow:
-            if forecast.takes_lesson(burst, seen_at):
-                forecast.learn(burst, (lower + upper) / 2)
+            forecast.learn(burst, (lower + upper) / 2, None, seen_at)
             return
         # Seen too coarsely to measure: move a model only if it predicts outside the bracket;
         # inside it, the prediction stands, and counts as a right one only if the bracket is
@@ -294,8 +290,7 @@ class Ledger:
         target = (lower + upper) / 2 if lower > 0 else upper
         low = max(lower, 0.0)
         if finished is None or not lower <= finished[0] - burst[0][2] - LAUNCH_LATENCY <= upper:
-            if forecast.takes_lesson(burst, seen_at):
-                forecast.learn(burst, target, (low, upper))
+            forecast.learn(burst, target, (low, upper), seen_at)
         elif upper - low <= max(2 * finished[1], MEASUREMENT_BLUR):
             forecast.confirm(burst)
 
